@@ -1,0 +1,87 @@
+"""The Diagnosis record and its JSON contract `denpex.diagnosis/v1` (DESIGN §4).
+
+Tools and external evaluations parse this JSON: never remove or rename a field; add freely.
+The JSON Schema lives beside this module in schemas/diagnosis.v1.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_ID = "denpex.diagnosis/v1"
+
+
+@dataclass(slots=True)
+class RootCause:
+    category: str = "unknown"
+    signature: str | None = None
+    confidence: float = 0.0
+    host: str | None = None
+    rank: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    explanation: str = ""
+    rule: str = "no_evidence"
+    title: str = ""
+
+
+@dataclass(slots=True)
+class Contributing:
+    category: str
+    signature: str
+    role: str  # "symptom" | "related" | "observed"
+    evidence: list[str]
+    host: str | None = None
+    rank: int | None = None
+    count: int = 1
+
+
+@dataclass(slots=True)
+class TimelineEntry:
+    id: str
+    ts: str | None
+    host: str | None
+    rank: int | None
+    source: str
+    signature: str
+    category: str
+    line: str
+    role: str  # "cause" | "symptom" | "related" | "observed"
+    severity: str = "error"
+
+
+@dataclass(slots=True)
+class Action:
+    action: str
+    target: str | None
+    reason: str
+
+
+@dataclass(slots=True)
+class Diagnosis:
+    status: str = "ok"  # "failed" | "ok"
+    exit_code: int | None = None
+    exit_signal: str | None = None
+    root_cause: RootCause = field(default_factory=RootCause)
+    contributing: list[Contributing] = field(default_factory=list)
+    timeline: list[TimelineEntry] = field(default_factory=list)
+    summary: str = ""
+    actions: list[Action] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        stats = {"bytes": 0, "lines": 0, "matches": 0, "dropped_analysis_bytes": 0}
+        stats.update(self.stats)
+        return {
+            "schema": SCHEMA_ID,
+            "status": self.status,
+            "exit": {"code": self.exit_code, "signal": self.exit_signal},
+            "root_cause": asdict(self.root_cause),
+            "contributing": [asdict(c) for c in self.contributing],
+            "timeline": [asdict(t) for t in self.timeline],
+            "summary": self.summary,
+            "actions": [asdict(a) for a in self.actions],
+            "stats": stats,
+            "notes": list(self.notes),
+        }

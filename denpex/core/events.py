@@ -1,0 +1,56 @@
+"""Event (one observation) and Evidence (an event that matched a signature), DESIGN §3.
+
+Events map 1:1 onto OTLP log records; keep every field a scalar or a flat dict of scalars.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("info", "warning", "error", "critical")
+_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+
+def severity_rank(severity: str) -> int:
+    """0 for info … 3 for critical; unknown names rank as info."""
+    return _SEVERITY_RANK.get(severity, 0)
+
+
+@dataclass(slots=True)
+class Event:
+    """One observation from any source.
+
+    `ts_ns` is UTC nanoseconds when the source gave a wall-clock time, else None; `seq` is the
+    arrival order within one analysis, which orders events that carry no time.
+    """
+
+    body: str
+    ts_ns: int | None = None
+    host: str | None = None
+    source: str = "log"
+    kind: str = "line"
+    rank: int | None = None
+    pid: int | None = None
+    job: str | None = None
+    tenant: str | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
+
+
+@dataclass(slots=True)
+class Evidence:
+    """An event that matched a signature (or a detector), with what the match captured."""
+
+    id: str
+    event: Event
+    signature: str
+    category: str
+    severity: str
+    captures: dict[str, str] = field(default_factory=dict)
+    summary: str = ""
+    action: str = "none"
+
+    @property
+    def is_failure(self) -> bool:
+        return severity_rank(self.severity) >= _SEVERITY_RANK["error"]
