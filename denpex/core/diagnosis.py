@@ -85,3 +85,19 @@ class Diagnosis:
             "stats": stats,
             "notes": list(self.notes),
         }
+
+# The remediation vocabulary (DESIGN §7): every signature's `action` and every diagnosis
+# action is one of these.
+ACTIONS = (
+    "none",
+    "retry_job",
+    "fix_code",
+    "fix_config",
+    "reduce_memory",
+    "check_data",
+    "drain_node",
+    "reset_gpu",
+    "run_diagnostics",
+    "check_fabric",
+    "rma",
+)

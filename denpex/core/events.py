@@ -9,6 +9,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SEVERITIES = ("info", "warning", "error", "critical")
+
+# Where an event can come from (DESIGN §3); `ebpf.*` sources are prefixed.
+SOURCES = (
+    "log",
+    "kmsg",
+    "journal",
+    "syslog",
+    "psi",
+    "cgroup",
+    "proc",
+    "nvml",
+    "dcgm",
+    "ib",
+    "roce",
+    "nccl_topo",
+    "sdk",
+    "scheduler",
+)
 _SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 

@@ -1,0 +1,74 @@
+"""The compiled catalog: every signature behind one multi-pattern matcher.
+
+The matcher comes from `denpex._native` (the compiled engine when built, the pure-Python
+reference otherwise); both give identical answers, which the tests check on every example.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import cache
+from types import ModuleType
+
+from denpex import _native
+from denpex.catalog.loader import load_signatures
+from denpex.catalog.schema import Signature
+
+
+@dataclass(slots=True)
+class Match:
+    line_index: int
+    signature: Signature
+
+
+class Catalog:
+    """Signatures plus the matcher built over their patterns."""
+
+    def __init__(self, signatures: list[Signature], matcher_module: ModuleType | None = None):
+        self.signatures = signatures
+        self.by_id = {s.id: s for s in signatures}
+        module = matcher_module or _native.load("matcher")
+        self.backend = "reference" if module.__name__.endswith("_ref") else "native"
+        self._matcher = module.Matcher([s.pattern for s in signatures])
+
+    def __len__(self) -> int:
+        return len(self.signatures)
+
+    def match_lines(self, lines: list[bytes]) -> list[Match]:
+        """Every (line, signature) match over `lines`, in line order."""
+        return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan_lines(lines)]
+
+    def example_errors(self) -> list[str]:
+        """Examples that disagree with the compiled matcher: 'file:line: id: message'."""
+        problems: list[str] = []
+        for index, sig in enumerate(self.signatures):
+            where = f"{sig.file}:{sig.line}: {sig.id}"
+            for text in sig.examples_match:
+                hits = self._matcher.scan_lines([text.encode("utf-8")])
+                if (0, index) not in hits:
+                    problems.append(f"{where}: does not match its example {text!r}")
+            for text in sig.examples_no_match:
+                hits = self._matcher.scan_lines([text.encode("utf-8")])
+                if (0, index) in hits:
+                    problems.append(f"{where}: matches its counter-example {text!r}")
+        return problems
+
+
+def catalog_paths_from_env() -> list[str] | None:
+    """Extra catalog folders from DENPEX_SIGNATURES (os.pathsep-separated), if set."""
+    value = os.environ.get("DENPEX_SIGNATURES")
+    return [p for p in value.split(os.pathsep) if p] if value else None
+
+
+def load_catalog(paths: Iterable[str] | None = None) -> Catalog:
+    """The catalog from `paths`, or the built-in one (cached) when `paths` is None."""
+    if paths is None:
+        return _builtin_catalog()
+    return Catalog(load_signatures(paths))
+
+
+@cache
+def _builtin_catalog() -> Catalog:
+    return Catalog(load_signatures())

@@ -1,0 +1,124 @@
+"""Loads the signature catalog from YAML files and validates all of it in one pass.
+
+Errors are collected across every file and entry and raised together as `CatalogError`, each
+as `file:line: message`, so an author sees every problem at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from denpex.catalog.schema import Signature, validate_entry
+from denpex.core.taxonomy import Taxonomy, load_taxonomy
+
+
+class CatalogError(Exception):
+    """The catalog has problems; `errors` lists each as 'file:line: message'."""
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors = errors
+        shown = "\n".join(errors[:50])
+        more = f"\n… and {len(errors) - 50} more" if len(errors) > 50 else ""
+        super().__init__(f"{len(errors)} problem(s) in the signature catalog:\n{shown}{more}")
+
+
+def builtin_catalog_files() -> list[Path]:
+    """The YAML files shipped in the `denpex.signatures` package (a real folder on disk)."""
+    root = Path(str(resources.files("denpex.signatures")))
+    return sorted(root.glob("*/*.yaml"))
+
+
+def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.yaml")))
+        else:
+            files.append(path)
+    return files
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        parts = path.parts
+        return "/".join(parts[-2:]) if len(parts) >= 2 else str(path)
+
+
+def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str]]:
+    """The valid signatures of one file and the problems found in it."""
+    name = _display(path)
+    try:
+        text = path.read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return [], [f"{name}:0: cannot read: {exc}"]
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else 0
+        return [], [f"{name}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}"]
+    finally:
+        loader.dispose()
+    if root is None:
+        return [], [f"{name}:1: empty file"]
+    if not isinstance(root, yaml.SequenceNode):
+        return [], [f"{name}:{root.start_mark.line + 1}: a catalog file is a list of entries"]
+    signatures: list[Signature] = []
+    errors: list[str] = []
+    constructor = yaml.SafeLoader("")
+    for item in root.value:
+        line = item.start_mark.line + 1
+        key_lines: dict[str, int] = {}
+        if isinstance(item, yaml.MappingNode):
+            for key_node, _ in item.value:
+                key = str(key_node.value)
+                if key in key_lines:
+                    errors.append(f"{name}:{key_node.start_mark.line + 1}: duplicate key '{key}'")
+                key_lines[key] = key_node.start_mark.line + 1
+        data = constructor.construct_object(item, deep=True)
+        signature, problems = validate_entry(data, key_lines, line, taxonomy)
+        label = data.get("id", "?") if isinstance(data, dict) else "?"
+        errors.extend(f"{name}:{ln}: {label}: {message}" for ln, message in sorted(problems))
+        if signature is not None:
+            signature.file = name
+            signatures.append(signature)
+    return signatures, errors
+
+
+def load_signatures(
+    paths: Iterable[str | os.PathLike[str]] | None = None, taxonomy: Taxonomy | None = None
+) -> list[Signature]:
+    """Every signature of the given files/folders (default: the built-in catalog).
+
+    Raises CatalogError listing every problem when any entry is invalid.
+    """
+    taxonomy = taxonomy or load_taxonomy()
+    files = builtin_catalog_files() if paths is None else _expand(paths)
+    signatures: list[Signature] = []
+    errors: list[str] = []
+    if not files:
+        errors.append("no signature files found")
+    for path in files:
+        found, problems = load_file(path, taxonomy)
+        signatures.extend(found)
+        errors.extend(problems)
+    seen: dict[str, Signature] = {}
+    for signature in signatures:
+        first = seen.setdefault(signature.id, signature)
+        if first is not signature:
+            errors.append(
+                f"{signature.file}:{signature.line}: {signature.id}: duplicate id "
+                f"(first defined at {first.file}:{first.line})"
+            )
+    if errors:
+        raise CatalogError(errors)
+    return signatures

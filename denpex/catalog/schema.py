@@ -1,0 +1,196 @@
+"""One signature of the catalog (DESIGN §5) and the checks every entry must pass.
+
+Validation reports every problem of an entry, each with the line it is on; it never stops at
+the first, so one run of the loader lists everything a catalog author has to fix.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+from denpex._native.literals import (
+    IGNORECASE_PREFIX,
+    compile_pattern,
+    literal_plan,
+    portability_errors,
+)
+from denpex.core.diagnosis import ACTIONS
+from denpex.core.events import SEVERITIES, SOURCES
+from denpex.core.taxonomy import Taxonomy
+
+REQUIRED_KEYS = ("id", "category", "severity", "regex", "summary", "action", "explain", "refs", "examples")
+OPTIONAL_KEYS = ("sources", "flags")
+KNOWN_FLAGS = ("ignorecase",)
+MIN_LITERAL_BYTES = 3
+_ID_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
+
+
+@dataclass(slots=True)
+class Signature:
+    """A validated catalog entry, with its regex compiled for bytes lines."""
+
+    id: str
+    category: str
+    severity: str
+    regex: str
+    summary: str
+    action: str
+    explain: str
+    refs: list[str]
+    examples_match: list[str]
+    examples_no_match: list[str]
+    sources: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    file: str = ""
+    line: int = 0
+    compiled: re.Pattern[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def pattern(self) -> str:
+        """The regex in the matcher's form: '(?i)' prefixed when case-insensitive."""
+        return (IGNORECASE_PREFIX if "ignorecase" in self.flags else "") + self.regex
+
+    def accepts_source(self, source: str) -> bool:
+        return not self.sources or source in self.sources
+
+    def captures(self, line: bytes) -> dict[str, str]:
+        """Named groups of the match on `line`, decoded; empty when it does not match."""
+        assert self.compiled is not None
+        found = self.compiled.search(line)
+        if found is None:
+            return {}
+        return {
+            k: v.decode("utf-8", "replace") for k, v in found.groupdict().items() if v is not None
+        }
+
+    def render_summary(self, captures: dict[str, str]) -> str:
+        return string.Formatter().vformat(self.summary, (), _Missing(captures))
+
+
+class _Missing(dict):
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def template_fields(template: str) -> list[str]:
+    try:
+        return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+    except ValueError:
+        return ["<malformed>"]
+
+
+def _str_list(value: Any) -> list[str] | None:
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    return None
+
+
+def validate_entry(
+    data: Any, key_lines: dict[str, int], line: int, taxonomy: Taxonomy
+) -> tuple[Signature | None, list[tuple[int, str]]]:
+    """(signature or None, [(line, message), ...]) for one YAML entry."""
+    errors: list[tuple[int, str]] = []
+
+    def err(key: str | None, message: str) -> None:
+        errors.append((key_lines.get(key or "", line), message))
+
+    if not isinstance(data, dict):
+        return None, [(line, "an entry must be a mapping")]
+    for key in REQUIRED_KEYS:
+        if key not in data:
+            err(None, f"missing required key '{key}'")
+    for key in data:
+        if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS:
+            err(key, f"unknown key '{key}'")
+
+    sig_id = data.get("id")
+    category = data.get("category")
+    if not isinstance(sig_id, str) or not _ID_RE.match(sig_id):
+        err("id", f"id {sig_id!r} must be dotted lowercase words (e.g. gpu.fallen_off_bus.xid79)")
+    if not isinstance(category, str) or category not in taxonomy or category == "unknown":
+        err("category", f"category {category!r} is not a taxonomy id")
+    elif isinstance(sig_id, str) and not sig_id.startswith(category + "."):
+        err("id", f"id '{sig_id}' must start with its category '{category}.'")
+    if data.get("severity") not in SEVERITIES:
+        err("severity", f"severity must be one of {', '.join(SEVERITIES)}")
+    if data.get("action") not in ACTIONS:
+        err("action", f"action {data.get('action')!r} is not one of {', '.join(ACTIONS)}")
+    sources = data.get("sources", [])
+    if _str_list(sources) is None or any(s not in SOURCES for s in sources):
+        err("sources", f"sources must be a list of {', '.join(SOURCES)}")
+    flags = data.get("flags", [])
+    if _str_list(flags) is None or any(f not in KNOWN_FLAGS for f in flags):
+        err("flags", f"flags must be a list of {', '.join(KNOWN_FLAGS)}")
+    for key in ("summary", "explain"):
+        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
+            err(key, f"'{key}' must be a non-empty string")
+    refs = data.get("refs")
+    if "refs" in data and (_str_list(refs) is None or not refs):
+        err("refs", "refs must be a non-empty list of strings (URLs or document names)")
+
+    compiled = None
+    group_names: set[str] = set()
+    regex = data.get("regex")
+    if "regex" in data:
+        if not isinstance(regex, str) or not regex:
+            err("regex", "regex must be a non-empty string")
+        else:
+            for problem in portability_errors(regex):
+                err("regex", f"regex {problem}")
+            pattern = (IGNORECASE_PREFIX if "ignorecase" in (flags or []) else "") + regex
+            try:
+                compiled = compile_pattern(pattern)
+                group_names = set(compiled.groupindex)
+            except re.error:
+                compiled = None  # already reported by portability_errors
+            if compiled is not None:
+                plan = literal_plan(pattern, MIN_LITERAL_BYTES)
+                if plan is None:
+                    err("regex", f"regex needs a required literal of at least {MIN_LITERAL_BYTES} bytes")
+                elif plan.unbounded_before:
+                    err("regex", "regex has an unbounded repeat (.*, \\S+ …) before its literal")
+    summary = data.get("summary")
+    if isinstance(summary, str) and compiled is not None:
+        for name in template_fields(summary):
+            if name not in group_names:
+                err("summary", f"summary uses {{{name}}} but the regex has no group of that name")
+
+    examples = data.get("examples")
+    match: list[str] | None = None
+    no_match: list[str] | None = None
+    if "examples" in data:
+        if not isinstance(examples, dict):
+            err("examples", "examples must map 'match' and 'no_match' to lists of lines")
+        else:
+            match = _str_list(examples.get("match"))
+            no_match = _str_list(examples.get("no_match"))
+            if not match:
+                err("examples", "examples.match needs at least one line")
+            if not no_match:
+                err("examples", "examples.no_match needs at least one line")
+            extra = set(examples) - {"match", "no_match"}
+            if extra:
+                err("examples", f"unknown example keys: {', '.join(sorted(extra))}")
+
+    if errors:
+        return None, errors
+    signature = Signature(
+        id=sig_id,
+        category=category,
+        severity=data["severity"],
+        regex=regex,
+        summary=summary,
+        action=data["action"],
+        explain=data["explain"].strip(),
+        refs=list(refs),
+        examples_match=list(match or []),
+        examples_no_match=list(no_match or []),
+        sources=tuple(sources),
+        flags=tuple(flags),
+        line=line,
+        compiled=compiled,
+    )
+    return signature, []
