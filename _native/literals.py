@@ -117,9 +117,9 @@ def _contains_unbounded(items) -> bool:
         if op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT, sre_c.POSSESSIVE_REPEAT):
             if av[1] == _MAXREPEAT or _contains_unbounded(av[2]):
                 return True
-        elif op is sre_c.SUBPATTERN and _contains_unbounded(av[-1]):
-            return True
-        elif op is sre_c.BRANCH and any(_contains_unbounded(b) for b in av[1]):
+        elif (op is sre_c.SUBPATTERN and _contains_unbounded(av[-1])) or (
+            op is sre_c.BRANCH and any(_contains_unbounded(b) for b in av[1])
+        ):
             return True
     return False
 
@@ -155,8 +155,6 @@ def portability_errors(pattern: str) -> list[str]:
     errors: list[str] = []
     if parsed.state.flags & (sre_c.SRE_FLAG_DOTALL | sre_c.SRE_FLAG_MULTILINE):
         errors.append("uses (?s) or (?m): a signature matches within one line")
-    if parsed.state.flags & sre_c.SRE_FLAG_IGNORECASE:
-        errors.append("uses an inline (?i): use `flags: [ignorecase]`")
     _check_items(list(parsed), errors)
     return list(dict.fromkeys(errors))
 
@@ -185,6 +183,8 @@ def _check_items(items, errors: list[str]) -> None:
         elif op is sre_c.IN:
             _check_set(av, errors)
         elif op is sre_c.SUBPATTERN:
+            if av[1] or av[2]:  # scoped flags (?i:...), (?-i:...)
+                errors.append("uses scoped flags (?x:...): not portable")
             _check_items(av[-1], errors)
         elif op is sre_c.BRANCH:
             for branch in av[1]:

@@ -32,7 +32,9 @@ class Matcher:
             self._literals.append((plan.alternatives, plan.ignorecase))
             (insensitive if plan.ignorecase else sensitive).update(plan.alternatives)
         self._prefilters = [
-            re.compile(b"|".join(re.escape(lit) for lit in sorted(lits, key=len, reverse=True)), flags)
+            re.compile(
+                b"|".join(re.escape(lit) for lit in sorted(lits, key=len, reverse=True)), flags
+            )
             for lits, flags in ((sensitive, 0), (insensitive, re.IGNORECASE))
             if lits
         ]

@@ -21,7 +21,17 @@ from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import SEVERITIES, SOURCES
 from denpex.core.taxonomy import Taxonomy
 
-REQUIRED_KEYS = ("id", "category", "severity", "regex", "summary", "action", "explain", "refs", "examples")
+REQUIRED_KEYS = (
+    "id",
+    "category",
+    "severity",
+    "regex",
+    "summary",
+    "action",
+    "explain",
+    "refs",
+    "examples",
+)
 OPTIONAL_KEYS = ("sources", "flags")
 KNOWN_FLAGS = ("ignorecase",)
 MIN_LITERAL_BYTES = 3
@@ -138,6 +148,8 @@ def validate_entry(
         if not isinstance(regex, str) or not regex:
             err("regex", "regex must be a non-empty string")
         else:
+            if regex.startswith("(?"):
+                err("regex", "regex starts with inline flags: use `flags: [ignorecase]`")
             for problem in portability_errors(regex):
                 err("regex", f"regex {problem}")
             pattern = (IGNORECASE_PREFIX if "ignorecase" in (flags or []) else "") + regex
@@ -149,7 +161,10 @@ def validate_entry(
             if compiled is not None:
                 plan = literal_plan(pattern, MIN_LITERAL_BYTES)
                 if plan is None:
-                    err("regex", f"regex needs a required literal of at least {MIN_LITERAL_BYTES} bytes")
+                    err(
+                        "regex",
+                        f"regex needs a required literal of at least {MIN_LITERAL_BYTES} bytes",
+                    )
                 elif plan.unbounded_before:
                     err("regex", "regex has an unbounded repeat (.*, \\S+ …) before its literal")
     summary = data.get("summary")

@@ -1,0 +1,86 @@
+"""The `denpex` command: parses the subcommand and hands over to its module.
+
+Thin by design: each subcommand lives in its own module (run.py, scan.py); this one only
+builds the parser, prints the version, and turns expected errors into one-line messages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from denpex import __version__
+
+EPILOG = """\
+examples:
+  denpex run -- torchrun --nproc-per-node 2 train.py
+  denpex run --report diag.json --html diag.html -- python train.py
+  python train.py 2>&1 | denpex scan --tee
+  denpex scan --json node*/rank*.log kern.log
+
+exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
+`denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
+"""
+
+
+class UsageError(Exception):
+    """Bad arguments or input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from denpex.cli import run, scan
+
+    parser = argparse.ArgumentParser(
+        prog="denpex",
+        description="Find out why a training job failed, from its output and the host's evidence.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    parser.add_argument(
+        "--verbose", action="store_true", help="with --version: also the backends in use"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run.add_parser(commands)
+    scan.add_parser(commands)
+    return parser
+
+
+def version_text(verbose: bool) -> str:
+    lines = [f"denpex {__version__}"]
+    if verbose:
+        import platform
+
+        from denpex import _native
+        from denpex.catalog import load_catalog
+
+        catalog = load_catalog()
+        lines.append(f"python {platform.python_version()} ({sys.executable})")
+        lines.append(f"frozen: {'yes' if getattr(sys, 'frozen', False) else 'no'}")
+        for name in (*_native.NATIVE_MODULES, "matcher"):
+            lines.append(f"{name}: {_native.backend(name)}")
+        lines.append(f"signatures: {len(catalog)}")
+        if _native.extensions_disabled():
+            lines.append("DENPEX_NO_EXTENSIONS=1: compiled modules disabled")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.version:
+        print(version_text(args.verbose))
+        return 0
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        print(f"denpex {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # the reader of our stdout went away (`denpex scan --json … | head`): not an error
+        return 0

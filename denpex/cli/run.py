@@ -1,0 +1,57 @@
+"""`denpex run -- CMD ...`: run a job transparently and diagnose it when it ends."""
+
+from __future__ import annotations
+
+import argparse
+
+from denpex.cli.common import add_report_options, catalog_for, report_options
+from denpex.cli.main import UsageError
+
+DESCRIPTION = """\
+Run CMD exactly as if denpex were not there (same output, input, signals and exit status),
+while matching every line it prints against denpex's failure signatures. When CMD ends,
+print the root cause, the lines that prove it and what to do, on stderr.
+
+CMD runs in a pseudo-terminal when denpex's stdout is a terminal (progress bars and colours
+keep working), else with pipes (stdout and stderr kept apart); --pty/--no-pty force one.
+"""
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "run", help="run a training job and diagnose it when it ends",
+        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="denpex run [options] -- CMD [ARGS...]",
+    )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--pty", dest="pty", action="store_true", default=None,
+                      help="run CMD in a pseudo-terminal even when stdout is not a terminal")
+    mode.add_argument("--no-pty", dest="pty", action="store_false",
+                      help="run CMD with pipes even when stdout is a terminal")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="only wrap CMD: no matching, no report")
+    add_report_options(parser)
+    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
+                        help="the command to run, after --")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from denpex.lite.runner import run_command
+    from denpex.lite.session import LiteSession
+
+    argv = list(args.cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("no command given; usage: denpex run [options] -- CMD [ARGS...]")
+    factory = None
+    if not args.no_analysis:
+        catalog = catalog_for(args)
+        options = report_options(args)
+        options.title = f"denpex: {' '.join(argv)[:120]}"
+
+        def factory(child_pid: int | None) -> LiteSession:
+            return LiteSession.for_run(catalog, options, child_pid)
+
+    return run_command(argv, use_pty=args.pty, session_factory=factory)

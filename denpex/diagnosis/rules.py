@@ -1,0 +1,174 @@
+"""The causal rules of DESIGN §6, each a small named function over a RuleContext.
+
+A rule returns a Finding (the evidence it blames and why) or None. The engine tries them in
+a fixed precedence; thresholds come from rules.yaml. Rules never do I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from denpex.core.events import Evidence, severity_rank
+from denpex.diagnosis.config import RulesConfig
+from denpex.diagnosis.timeline import before, earliest, ordered, seconds_between
+
+
+@dataclass(slots=True)
+class RuleContext:
+    evidence: list[Evidence]  # timeline order
+    exit_code: int | None
+    exit_signal: str | None
+    config: RulesConfig
+    failures: list[Evidence] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.evidence = ordered(self.evidence)
+        self.failures = [e for e in self.evidence if e.is_failure]
+
+    @property
+    def killed_by_sigkill(self) -> bool:
+        if self.exit_signal == "SIGKILL" or self.exit_code == 137:
+            return True
+        marker = self.config.sigkill_marker
+        return any(marker.search(e.event.body) for e in self.failures)
+
+    def tier(self, category: str) -> str:
+        if self.config.is_symptom(category):
+            return "symptom"
+        if self.config.is_weak(category):
+            return "weak"
+        return "specific"
+
+    def software_failures(self) -> list[Evidence]:
+        c = self.config
+        return [
+            e
+            for e in self.failures
+            if not (c.is_infrastructure(e.category) or c.is_oom(e.category))
+        ]
+
+
+@dataclass(slots=True)
+class Finding:
+    rule: str
+    root: Evidence
+    note: str = ""
+
+
+def _strongest_earliest(items: list[Evidence]) -> Evidence | None:
+    if not items:
+        return None
+    top = max(severity_rank(e.severity) for e in items)
+    return earliest([e for e in items if severity_rank(e.severity) == top])
+
+
+def hardware_first(ctx: RuleContext) -> Finding | None:
+    """GPU, fabric or host-hardware failure evidence within a window of the first software
+    failure (or with no software failure at all) is the cause; software errors are symptoms."""
+    cfg = ctx.config
+    hardware = [e for e in ctx.failures if cfg.is_infrastructure(e.category)]
+    if not hardware:
+        return None
+    first_software = earliest(ctx.software_failures())
+    if first_software is not None:
+        window_before = float(cfg["hardware_window_before_s"])
+        window_after = float(cfg["hardware_window_after_s"])
+
+        def in_window(item: Evidence) -> bool:
+            gap = seconds_between(item, first_software)
+            if gap is None:
+                return True  # no common clock: hardware outranks software by rule
+            return -window_after <= gap <= window_before
+
+        hardware = [e for e in hardware if in_window(e)]
+    root = _strongest_earliest(hardware)
+    return Finding("hardware_first", root) if root else None
+
+
+def oom_killer(ctx: RuleContext) -> Finding | None:
+    """Kernel OOM-killer evidence and a job that ended by SIGKILL: the host ran out of memory."""
+    kills = [e for e in ctx.failures if ctx.config.is_oom(e.category)]
+    if not kills or not ctx.killed_by_sigkill:
+        return None
+    return Finding("oom_killer", earliest(kills), note="sigkill")
+
+
+def numerics(ctx: RuleContext) -> Finding | None:
+    """NaN/Inf (or a run of fp16 overflows) before the first crash outranks the crash."""
+    cfg = ctx.config
+    first_crash = earliest(
+        [e for e in ctx.failures if not (cfg.is_numeric(e.category) or cfg.is_overflow(e.category))]
+    )
+
+    def early(item: Evidence) -> bool:
+        return first_crash is None or before(item, first_crash)
+
+    numeric = [
+        e
+        for e in ctx.evidence
+        if cfg.is_numeric(e.category) and severity_rank(e.severity) >= 1 and early(e)
+    ]
+    if numeric:
+        return Finding("numerics", earliest(numeric))
+    overflow = [e for e in ctx.evidence if cfg.is_overflow(e.category) and early(e)]
+    if len(overflow) >= int(cfg["overflow_repeat"]) or any(e.is_failure for e in overflow):
+        hard = [e for e in overflow if e.is_failure]
+        return Finding("numerics", earliest(hard) or earliest(overflow), note="overflow")
+    return None
+
+
+def _first_of_tier(ctx: RuleContext, tier: str) -> Evidence | None:
+    return earliest([e for e in ctx.failures if ctx.tier(e.category) == tier])
+
+
+def first_failing_rank(ctx: RuleContext) -> Finding | None:
+    """The earliest specific failure on any rank is the cause (watchdog timeouts, peer
+    failures and generic errors on other ranks come after it and are symptoms)."""
+    root = _first_of_tier(ctx, "specific")
+    return Finding("first_failing_rank", root) if root else None
+
+
+def scheduler(ctx: RuleContext) -> Finding | None:
+    """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow."""
+    ended = [e for e in ctx.failures if ctx.config.is_scheduler(e.category)]
+    return Finding("scheduler", earliest(ended)) if ended else None
+
+
+def first_failing_weak(ctx: RuleContext) -> Finding | None:
+    """With nothing specific, the earliest generic failure other than a bare exception."""
+    root = earliest(
+        [
+            e
+            for e in ctx.failures
+            if ctx.tier(e.category) == "weak" and e.category != "app.exception"
+        ]
+    )
+    return Finding("first_failing_weak", root) if root else None
+
+
+def exception_fallback(ctx: RuleContext) -> Finding | None:
+    """An uncaught exception with no more specific evidence: app.exception."""
+    root = earliest([e for e in ctx.failures if e.category == "app.exception"])
+    return Finding("exception_fallback", root) if root else None
+
+
+def symptoms_only(ctx: RuleContext) -> Finding | None:
+    """Only symptoms were seen (e.g. watchdog timeouts): blame the earliest, with low confidence."""
+    root = _first_of_tier(ctx, "symptom")
+    return Finding("symptoms_only", root) if root else None
+
+
+# Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
+# failure before a cancel is what the user must fix; `numerics` above it because a NaN is
+# what makes the later crash happen.
+RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
+    hardware_first,
+    oom_killer,
+    numerics,
+    first_failing_rank,
+    scheduler,
+    first_failing_weak,
+    exception_fallback,
+    symptoms_only,
+)

@@ -1,0 +1,223 @@
+"""Parses the prefixes real training logs put before a message into Event fields.
+
+Pure functions from one line (bytes, ANSI already stripped) to a `ParsedLine`: torchrun
+`[rank3]:`/`[default3]:`, `srun -l` `3: `, pdsh `host: `, ISO/Slurm/syslog/dmesg timestamps,
+raw `/dev/kmsg` records and journald JSON. Several prefixes may stack; each is optional.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+_KMSG = re.compile(rb"^(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;\n]{0,32};")
+_DMESG = re.compile(rb"^\[ {0,12}(\d{1,10}\.\d{1,9})\] ?")
+_DMESG_T = re.compile(
+    rb"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ?"
+)
+_SYSLOG = re.compile(
+    rb"^([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}) "
+    rb"([A-Za-z0-9_./-]{1,48})(?:\[(\d{1,10})\])?: ?"
+)
+_ISO = re.compile(
+    rb"^\[?(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?"
+    rb"(Z|[+-]\d\d:?\d\d)?\]?(?: |$)"
+)
+_ISO_SYSLOG_TAIL = re.compile(
+    rb"^([a-z0-9][a-z0-9_.-]{0,62}) ([A-Za-z0-9_./-]{1,48})(?:\[(\d{1,10})\])?: ?"
+)
+_TORCHRUN = re.compile(rb"^\[(?:rank|default|trainer|worker)(\d{1,6})\]: ?")
+_SRUN = re.compile(rb"^(\d{1,6}): ")
+_HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
+_NOT_HOSTS = re.compile(
+    rb"^(?:rank|default|step|epoch|iter|iteration|gpu|cuda|device|worker|layer"
+    rb"|batch|node_rank|local_rank|task|proc|cpu|shard|run|job|exp|trial|test|attempt|try|logs?"
+    rb"|out|output|v|version|ckpt|checkpoint|model)[_-]?\d",
+    re.IGNORECASE,
+)
+_NCCL_HOST = re.compile(
+    rb"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d{1,10}):(\d{1,10}) \[(\d{1,3})\] NCCL "
+)
+_RANK_IN_BODY = re.compile(rb"\[Rank (\d{1,6})\]")
+
+
+@dataclass(slots=True)
+class ParsedLine:
+    body: bytes
+    ts_ns: int | None = None
+    host: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    source: str = "log"
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _to_ns(dt: datetime, frac: bytes | None = None) -> int:
+    ns = int(dt.timestamp()) * 1_000_000_000
+    if frac:
+        ns += int(frac.ljust(9, b"0")[:9])
+    return ns
+
+
+def _tz(offset: bytes | None):
+    if not offset or offset == b"Z":
+        return UTC
+    text = offset.decode().replace(":", "")
+    return datetime.strptime(text, "%z").tzinfo
+
+
+def _year_now() -> int:
+    return datetime.now(UTC).year
+
+
+def _parse_journal_json(line: bytes, out: ParsedLine) -> bool:
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(record, dict) or "MESSAGE" not in record:
+        return False
+    message = record["MESSAGE"]
+    if isinstance(message, list):  # journald exports non-UTF-8 messages as byte arrays
+        message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
+    out.body = str(message).encode("utf-8", "replace")
+    realtime = record.get("__REALTIME_TIMESTAMP")
+    if isinstance(realtime, str) and realtime.isdigit():
+        out.ts_ns = int(realtime) * 1000
+    host = record.get("_HOSTNAME")
+    if isinstance(host, str) and host:
+        out.host = host
+    pid = record.get("_PID")
+    if isinstance(pid, str) and pid.isdigit():
+        out.pid = int(pid)
+    kernel = record.get("_TRANSPORT") == "kernel" or record.get("SYSLOG_IDENTIFIER") == "kernel"
+    out.source = "kmsg" if kernel else "journal"
+    return True
+
+
+def _strip_leading(out: ParsedLine) -> bool:
+    """Remove one recognised prefix from out.body; False when none applies."""
+    body = out.body
+    if out.ts_ns is None and out.source == "log":
+        found = _DMESG.match(body)
+        if found:
+            out.source = "kmsg"
+            out.attrs["uptime_s"] = float(found.group(1))
+            out.body = body[found.end() :]
+            return True
+        found = _DMESG_T.match(body)
+        if found and found.group(1) in (m.encode() for m in _MONTHS):
+            mon, day, hh, mm, ss, year = found.groups()
+            dt = datetime(
+                int(year), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+            )
+            out.ts_ns, out.source, out.body = _to_ns(dt), "kmsg", body[found.end() :]
+            return True
+        found = _SYSLOG.match(body)
+        if found and found.group(1).decode() in _MONTHS:
+            mon, day, hh, mm, ss, host, tag, pid = found.groups()
+            dt = datetime(
+                _year_now(), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+            )
+            out.ts_ns, out.host = _to_ns(dt), host.decode()
+            out.source = "kmsg" if tag == b"kernel" else "syslog"
+            if pid:
+                out.pid = int(pid)
+            out.body = body[found.end() :]
+            if out.source == "kmsg":  # a kernel line keeps its own [uptime] prefix
+                inner = _DMESG.match(out.body)
+                if inner:
+                    out.attrs["uptime_s"] = float(inner.group(1))
+                    out.body = out.body[inner.end() :]
+            return True
+    if out.ts_ns is None:
+        found = _ISO.match(body)
+        if found:
+            year, mon, day, hh, mm, ss, frac, offset = found.groups()
+            try:
+                dt = datetime(
+                    int(year), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset)
+                )
+            except ValueError:
+                return False
+            out.ts_ns, out.body = _to_ns(dt, frac), body[found.end() :]
+            tail = _ISO_SYSLOG_TAIL.match(out.body) if out.source == "log" else None
+            if tail and out.host is None and tail.group(2) in (b"kernel", b"slurmd", b"slurmstepd"):
+                out.host = tail.group(1).decode()
+                out.source = "kmsg" if tail.group(2) == b"kernel" else "syslog"
+                out.body = out.body[tail.end() :]
+            return True
+    if out.rank is None:
+        found = _TORCHRUN.match(body) or _SRUN.match(body)
+        if found:
+            out.rank, out.body = int(found.group(1)), body[found.end() :]
+            return True
+    if out.host is None:
+        found = _HOST.match(body)
+        if found and not _NOT_HOSTS.match(body):
+            out.host, out.body = found.group(1).decode(), body[found.end() :]
+            return True
+    return False
+
+
+def parse_line(line: bytes) -> ParsedLine:
+    """Split the recognised prefixes of one line off into fields; the rest is the body."""
+    out = ParsedLine(body=line)
+    if line[:1] == b"{" and b'"MESSAGE"' in line:
+        _parse_journal_json(line, out)
+    else:
+        found = _KMSG.match(line)
+        if found:
+            prio, seq, usec = (int(g) for g in found.groups())
+            out.source = "kmsg"
+            out.attrs.update(kmsg_seq=seq, uptime_s=usec / 1e6, level=prio & 7)
+            if prio >> 3:  # written from user space, not by the kernel
+                out.attrs["userspace"] = True
+            out.body = line[found.end() :]
+    for _ in range(6):
+        if not _strip_leading(out):
+            break
+    if out.host is None or out.pid is None:
+        nccl = _NCCL_HOST.match(out.body)
+        if nccl:
+            out.host = out.host or nccl.group(1).decode()
+            out.pid = out.pid or int(nccl.group(2))
+            out.attrs["cuda_device"] = int(nccl.group(4))
+    if out.rank is None:
+        found = _RANK_IN_BODY.search(out.body)
+        if found:
+            out.rank = int(found.group(1))
+            out.attrs["rank_from_message"] = True
+    return out
+
+
+_RANK_IN_PATH = re.compile(r"(?:^|[^a-z])rank[_-]?(\d{1,6})(?:[^0-9]|$)", re.IGNORECASE)
+_HOST_IN_PATH = re.compile(r"^[a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}$")
+
+
+def hints_from_path(path: str) -> tuple[str | None, int | None]:
+    """(host, rank) suggested by a log file's path, e.g. `node7/rank3.log` → ('node7', 3).
+
+    The rank comes from a `rankN` in the file name; the host from the nearest folder whose
+    name looks like a host name (letters then a digit: node7, gpu-a100-03).
+    """
+    parts = path.replace("\\", "/").split("/")
+    found = _RANK_IN_PATH.search(parts[-1])
+    rank = int(found.group(1)) if found else None
+    host = None
+    for folder in reversed(parts[:-1]):
+        if _HOST_IN_PATH.match(folder) and not _NOT_HOSTS.match(folder.encode()):
+            host = folder
+            break
+    return host, rank

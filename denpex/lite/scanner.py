@@ -1,0 +1,202 @@
+"""Turns raw output bytes into Evidence: line splitting, ANSI stripping, catalog matching.
+
+Lines are matched in batches on their raw bytes; only lines that match are parsed for
+prefixes (rank, host, time), so ordinary output costs one pass of the matcher. Never writes
+anywhere: pass-through is the runner's job, reporting the session's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from denpex import _native
+from denpex.catalog import Catalog
+from denpex.catalog.schema import Signature
+from denpex.core.events import Event, Evidence
+from denpex.lite.prefixes import ParsedLine, parse_line
+
+LINE_CAP = 64 * 1024
+MAX_EVIDENCE = 20_000
+_ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_LOOKBACK_FOR_TIME = 40
+
+
+def strip_ansi(line: bytes) -> bytes:
+    return _ANSI.sub(b"", line) if b"\x1b" in line else line
+
+
+@dataclass(slots=True)
+class StreamState:
+    """Per input stream (a file, the child's stdout, stdin): partial line and defaults."""
+
+    name: str
+    splitter: object
+    host: str | None = None
+    rank: int | None = None
+    last_ts_ns: int | None = None
+    source: str = "log"
+    hosts_seen: dict[str, int] = field(default_factory=dict)
+    ranks_seen: dict[int, int] = field(default_factory=dict)
+
+
+class Scanner:
+    """Accumulates evidence from any number of byte streams against one catalog."""
+
+    def __init__(self, catalog: Catalog, *, default_host: str | None = None) -> None:
+        self.catalog = catalog
+        self.default_host = default_host
+        self.evidence: list[Evidence] = []
+        self.streams: dict[str, StreamState] = {}
+        self.bytes = 0
+        self.lines = 0
+        self.matches = 0
+        self.evidence_dropped = 0
+        self._seq = 0
+        self._splitter_cls = _native.load("linesplit").LineSplitter
+
+    # -- input ---------------------------------------------------------------------------
+    def stream(
+        self, name: str, *, host: str | None = None, rank: int | None = None, source: str = "log"
+    ) -> StreamState:
+        state = self.streams.get(name)
+        if state is None:
+            state = StreamState(name, self._splitter_cls(LINE_CAP), host, rank, source=source)
+            self.streams[name] = state
+        return state
+
+    def feed(self, name: str, data: bytes, *, gap: bool = False) -> None:
+        """Scan a chunk of stream `name`; `gap` means bytes were lost just before it."""
+        state = self.stream(name)
+        if gap:
+            state.splitter.reset()
+        self.bytes += len(data)
+        self._scan(state, state.splitter.feed(data))
+
+    def close(self, name: str) -> None:
+        state = self.streams.get(name)
+        if state is not None:
+            self._scan(state, state.splitter.flush())
+
+    def close_all(self) -> None:
+        for name in list(self.streams):
+            self.close(name)
+
+    def add_parsed(self, state: StreamState, parsed: ParsedLine) -> None:
+        """Scan one already-parsed line (kernel-log records arrive this way)."""
+        raw = parsed.body
+        self.lines += 1
+        self._seq += 1
+        for match in self.catalog.match_lines([raw]):
+            self._add_evidence(state, parsed, match.signature, raw, self._seq)
+
+    @property
+    def truncated_bytes(self) -> int:
+        return sum(s.splitter.truncated_bytes for s in self.streams.values())
+
+    # -- matching ------------------------------------------------------------------------
+    def _scan(self, state: StreamState, lines: list[bytes]) -> None:
+        if not lines:
+            return
+        lines = [strip_ansi(line) for line in lines]
+        first_seq = self._seq + 1
+        self._seq += len(lines)
+        self.lines += len(lines)
+        parsed_cache: dict[int, ParsedLine] = {}
+
+        def parsed_at(index: int) -> ParsedLine:
+            if index not in parsed_cache:
+                parsed_cache[index] = parse_line(lines[index])
+            return parsed_cache[index]
+
+        for match in self.catalog.match_lines(lines):
+            parsed = parsed_at(match.line_index)
+            if parsed.ts_ns is None:
+                parsed.ts_ns = self._time_before(state, parsed_at, match.line_index)
+                if parsed.ts_ns is not None:
+                    parsed.attrs["ts_inherited"] = True
+            self._add_evidence(
+                state, parsed, match.signature, parsed.body, first_seq + match.line_index
+            )
+        # remember the latest time of this stream for lines that carry none
+        for index in range(len(lines) - 1, max(-1, len(lines) - 4), -1):
+            ts = parsed_at(index).ts_ns
+            if ts is not None:
+                state.last_ts_ns = ts
+                break
+
+    def _time_before(self, state: StreamState, parsed_at, index: int) -> int | None:
+        for back in range(index - 1, max(-1, index - _LOOKBACK_FOR_TIME), -1):
+            ts = parsed_at(back).ts_ns
+            if ts is not None:
+                return ts
+        return state.last_ts_ns
+
+    def _add_evidence(
+        self, state: StreamState, parsed: ParsedLine, signature: Signature, body: bytes, seq: int
+    ) -> None:
+        source = parsed.source if parsed.source != "log" else state.source
+        if not signature.accepts_source(source):
+            return
+        self.matches += 1
+        if len(self.evidence) >= MAX_EVIDENCE:
+            self.evidence_dropped += 1
+            return
+        captures = signature.captures(body)
+        host = parsed.host or state.host or self.default_host
+        rank = parsed.rank if parsed.rank is not None else state.rank
+        if host:
+            state.hosts_seen[host] = state.hosts_seen.get(host, 0) + 1
+        if rank is not None and not parsed.attrs.get("rank_from_message"):
+            state.ranks_seen[rank] = state.ranks_seen.get(rank, 0) + 1
+        event = Event(
+            body=body.decode("utf-8", "replace"),
+            ts_ns=parsed.ts_ns,
+            host=host,
+            source=source,
+            rank=rank,
+            pid=parsed.pid,
+            attrs={**parsed.attrs, "stream": state.name},
+            seq=seq,
+        )
+        self.evidence.append(
+            Evidence(
+                id=f"e{len(self.evidence) + 1}",
+                event=event,
+                signature=signature.id,
+                category=signature.category,
+                severity=signature.severity,
+                captures=captures,
+                summary=signature.render_summary(captures),
+                action=signature.action,
+            )
+        )
+
+    def apply_stream_defaults(self) -> None:
+        """Give evidence without host/rank the one host/rank its stream consistently shows."""
+        for state in self.streams.values():
+            host = state.host or _single(state.hosts_seen)
+            rank = state.rank if state.rank is not None else _single(state.ranks_seen)
+            if host is None and rank is None:
+                continue
+            for evidence in self.evidence:
+                event = evidence.event
+                if event.attrs.get("stream") != state.name:
+                    continue
+                if event.host is None and host is not None:
+                    event.host = host
+                if event.rank is None and rank is not None:
+                    event.rank = rank
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "bytes": self.bytes,
+            "lines": self.lines,
+            "matches": self.matches,
+            "truncated_line_bytes": self.truncated_bytes,
+            "evidence_dropped": self.evidence_dropped,
+        }
+
+
+def _single(counts: dict) -> object | None:
+    return next(iter(counts)) if len(counts) == 1 else None

@@ -1,0 +1,168 @@
+"""One analysis of one job or one set of logs: scanner + host evidence + diagnosis + reports.
+
+It is what runs inside the analyzer process of `denpex run` and in `denpex scan`. It only
+reads what it is fed and writes the reports it was asked for; it never touches the child.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+
+from denpex.catalog import Catalog
+from denpex.core import jsonio
+from denpex.core.diagnosis import Diagnosis
+from denpex.diagnosis import DiagnosisInput, diagnose
+from denpex.lite.hostwatch import (
+    CGROUP_OOM_EXPLAIN,
+    CGROUP_OOM_SIGNATURE,
+    CgroupMemoryWatch,
+    KmsgWatch,
+)
+from denpex.lite.scanner import Scanner
+
+STREAM_NAMES = {1: "stdout", 2: "stderr"}
+
+
+@dataclass(slots=True)
+class ReportOptions:
+    """Where the diagnosis goes: human text on stderr, JSON and/or HTML files, JSON on stdout."""
+
+    report_path: str | None = None
+    html_path: str | None = None
+    json_stdout: bool = False
+    text: bool = True
+    color: bool | None = None  # None: colour when stderr is a terminal
+    title: str = "denpex diagnosis"
+
+
+@dataclass(slots=True)
+class HostRoots:
+    procfs: str = "/proc"
+    sysfs: str = "/sys"
+    devfs: str = "/dev"
+
+
+class LiteSession:
+    """Feeds bytes to a Scanner, gathers host evidence for a child, writes the diagnosis."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        options: ReportOptions,
+        *,
+        child_pid: int | None = None,
+        host: str | None = None,
+        watch_host: bool = False,
+        roots: HostRoots | None = None,
+    ) -> None:
+        self.catalog = catalog
+        self.options = options
+        self.scanner = Scanner(catalog, default_host=host)
+        self.notes: list[str] = []
+        self.diagnosis: Diagnosis | None = None
+        self.kmsg: KmsgWatch | None = None
+        self.cgroup: CgroupMemoryWatch | None = None
+        roots = roots or HostRoots()
+        if watch_host:
+            self.kmsg = KmsgWatch(roots.devfs)
+            if not self.kmsg.open():
+                self.notes.append(self.kmsg.unavailable or "kernel log not readable")
+                self.kmsg = None
+            if child_pid is not None:
+                self.cgroup = CgroupMemoryWatch(child_pid, procfs=roots.procfs, sysfs=roots.sysfs)
+                if not self.cgroup.start():
+                    self.notes.append("the child's memory cgroup was not found; no cgroup OOM evidence")
+                    self.cgroup = None
+
+    @classmethod
+    def for_run(cls, catalog: Catalog, options: ReportOptions, child_pid: int | None) -> LiteSession:
+        return cls(catalog, options, child_pid=child_pid, host=socket.gethostname(), watch_host=True)
+
+    # -- the runner's AnalysisSession protocol ---------------------------------------------
+    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+        self.scanner.feed(STREAM_NAMES.get(stream, f"fd{stream}"), data, gap=gap)
+
+    def tick(self) -> None:
+        if self.kmsg is not None:
+            state = self.scanner.stream("kmsg", host=self.scanner.default_host, source="kmsg")
+            for record in self.kmsg.poll():
+                self.scanner.add_parsed(state, record)
+
+    def finish(self, result) -> None:
+        """Called once after the child ended (`result` is the runner's RunResult)."""
+        self.tick()
+        stats = {
+            "dropped_analysis_bytes": int(result.bytes_dropped),
+            "relayed_bytes": int(result.bytes_total),
+        }
+        self.conclude(result.exit_code, result.exit_signal, stats)
+
+    # -- diagnosis and reports -------------------------------------------------------------
+    def conclude(
+        self, exit_code: int | None, exit_signal: int | None, extra_stats: dict[str, int] | None = None
+    ) -> Diagnosis:
+        self.scanner.close_all()
+        self.scanner.apply_stream_defaults()
+        evidence = self.scanner.evidence
+        explanations = {s.id: s.explain for s in self.catalog.signatures}
+        if self.cgroup is not None:
+            found = self.cgroup.finish(f"e{len(evidence) + 1}", self.scanner.default_host)
+            if found is not None:
+                evidence.append(found)
+                explanations[CGROUP_OOM_SIGNATURE] = CGROUP_OOM_EXPLAIN
+        if self.kmsg is not None:
+            self.kmsg.close()
+            if self.kmsg.lost_records:
+                self.notes.append(f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them")
+        stats = self.scanner.stats()
+        stats.setdefault("dropped_analysis_bytes", 0)
+        stats.update(extra_stats or {})
+        self.diagnosis = diagnose(
+            DiagnosisInput(
+                evidence=evidence, exit_code=exit_code, exit_signal=exit_signal, stats=stats,
+                explanations=explanations, notes=self.notes,
+            )
+        )
+        self.write_reports(self.diagnosis)
+        return self.diagnosis
+
+    def write_reports(self, diagnosis: Diagnosis) -> None:
+        from denpex.lite.report_html import render_html
+        from denpex.lite.report_text import render_text
+
+        data = diagnosis.to_dict()
+        opts = self.options
+        if opts.report_path:
+            _write_file(opts.report_path, jsonio.dumps(data, pretty=True) + b"\n")
+        if opts.html_path:
+            _write_file(opts.html_path, render_html(data, title=opts.title).encode("utf-8"))
+        if opts.json_stdout:
+            sys.stdout.buffer.write(jsonio.dumps(data, pretty=True) + b"\n")
+            sys.stdout.flush()
+        if opts.text:
+            color = opts.color if opts.color is not None else _stderr_is_color_tty()
+            width = _terminal_width()
+            sys.stderr.write(render_text(data, color=color, width=width))
+            sys.stderr.flush()
+
+
+def _write_file(path: str, data: bytes) -> None:
+    """Write atomically (temp file + rename) so a reader never sees half a report."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    os.replace(tmp, path)
+
+
+def _stderr_is_color_tty() -> bool:
+    return sys.stderr.isatty() and os.environ.get("NO_COLOR") is None and os.environ.get("TERM") != "dumb"
+
+
+def _terminal_width() -> int:
+    try:
+        return max(60, min(160, os.get_terminal_size(sys.stderr.fileno()).columns))
+    except OSError:
+        return 80
