@@ -35,6 +35,7 @@ REQUIRED_KEYS = (
 OPTIONAL_KEYS = ("sources", "flags")
 KNOWN_FLAGS = ("ignorecase",)
 MIN_LITERAL_BYTES = 3
+_INLINE_FLAGS = re.compile(r"\(\?[aiLmsux-]+\)")
 _ID_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 
 
@@ -148,7 +149,7 @@ def validate_entry(
         if not isinstance(regex, str) or not regex:
             err("regex", "regex must be a non-empty string")
         else:
-            if regex.startswith("(?"):
+            if _INLINE_FLAGS.match(regex):
                 err("regex", "regex starts with inline flags: use `flags: [ignorecase]`")
             for problem in portability_errors(regex):
                 err("regex", f"regex {problem}")
