@@ -82,15 +82,15 @@ def handle(args: argparse.Namespace) -> int:
     from denpex.lite.prefixes import hints_from_path
     from denpex.lite.session import LiteSession
 
+    if args.tee and args.json:
+        raise UsageError("--tee writes the stream to stdout, so --json cannot; use --report FILE")
+    if args.tee and args.files not in ([], ["-"]):
+        raise UsageError("--tee copies stdin; do not name files with it")
+    if args.follow and (len(args.files) != 1 or args.files == ["-"]):
+        raise UsageError("--follow takes exactly one file")
     files = _expand(args.files) if args.files else ["-"]
     if files.count("-") > 1:
         raise UsageError("stdin ('-') can be read only once")
-    if args.tee and args.json:
-        raise UsageError("--tee writes the stream to stdout, so --json cannot; use --report FILE")
-    if args.tee and files != ["-"]:
-        raise UsageError("--tee copies stdin; do not name files with it")
-    if args.follow and (len(files) != 1 or files == ["-"]):
-        raise UsageError("--follow takes exactly one file")
     if files == ["-"] and sys.stdin.isatty() and not args.tee:
         raise UsageError("nothing to scan: name log files, or pipe a job's output into denpex scan")
 

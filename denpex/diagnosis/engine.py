@@ -14,7 +14,7 @@ from denpex.core.diagnosis import Action, Contributing, Diagnosis, RootCause, Ti
 from denpex.core.events import Evidence, format_ts, severity_rank
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
 from denpex.diagnosis.config import RulesConfig, load_rules
-from denpex.diagnosis.rules import RULES, Finding, RuleContext
+from denpex.diagnosis.rules import RULES, Finding, RuleContext, part_of_root_traceback
 from denpex.diagnosis.summary import action_reason, summarize
 from denpex.diagnosis.timeline import before, ordered, pick_timeline, seconds_between
 
@@ -74,6 +74,8 @@ def _confidence(ctx: RuleContext, finding: Finding, cfg: RulesConfig, dropped: i
 def _role(ctx: RuleContext, item: Evidence, root: Evidence) -> str:
     if not item.is_failure:
         return "observed"
+    if part_of_root_traceback(item, root, int(ctx.config["traceback_lines"])):
+        return "related"
     if ctx.tier(item.category) != "specific" or before(root, item):
         return "symptom"
     return "related"
@@ -182,7 +184,12 @@ def diagnose(
 
     root = finding.root
     root_items = [e for e in ctx.evidence if e.category == root.category]
-    others = [e for e in ctx.failures if e.category != root.category]
+    traceback_lines = int(cfg["traceback_lines"])
+    others = [
+        e
+        for e in ctx.failures
+        if e.category != root.category and not part_of_root_traceback(e, root, traceback_lines)
+    ]
     picked = pick_timeline(
         [root, *[e for e in root_items if e is not root]],
         others,

@@ -56,6 +56,17 @@ class Finding:
     note: str = ""
 
 
+def part_of_root_traceback(item: Evidence, root: Evidence, max_lines: int) -> bool:
+    """A generic exception line just above the root cause in the same stream and rank is the
+    root's own traceback ("Traceback (most recent call last):"), not a separate failure."""
+    return (
+        item.category == "app.exception"
+        and item.event.attrs.get("stream") == root.event.attrs.get("stream")
+        and (item.event.host, item.event.rank) == (root.event.host, root.event.rank)
+        and 0 < root.event.seq - item.event.seq <= max_lines
+    )
+
+
 def _strongest_earliest(items: list[Evidence]) -> Evidence | None:
     if not items:
         return None
@@ -124,8 +135,21 @@ def _first_of_tier(ctx: RuleContext, tier: str) -> Evidence | None:
 
 def first_failing_rank(ctx: RuleContext) -> Finding | None:
     """The earliest specific failure on any rank is the cause (watchdog timeouts, peer
-    failures and generic errors on other ranks come after it and are symptoms)."""
-    root = _first_of_tier(ctx, "specific")
+    failures and generic errors on other ranks come after it and are symptoms).
+
+    Hardware evidence that `hardware_first` left out (outside its window) is unrelated, and a
+    failure after the scheduler ended the job is part of the shutdown, not its cause."""
+    cfg = ctx.config
+    ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
+    candidates = [
+        e
+        for e in ctx.failures
+        if ctx.tier(e.category) == "specific"
+        and not cfg.is_infrastructure(e.category)
+        and not cfg.is_scheduler(e.category)
+        and (ended is None or before(e, ended))
+    ]
+    root = earliest(candidates)
     return Finding("first_failing_rank", root) if root else None
 
 

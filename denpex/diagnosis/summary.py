@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from denpex.core.diagnosis import Diagnosis
 from denpex.core.events import Evidence, format_ts
 from denpex.core.taxonomy import Taxonomy
+from denpex.diagnosis.rules import part_of_root_traceback
 from denpex.diagnosis.timeline import before
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ def summarize(
     symptoms = [
         e
         for e in ctx.failures
-        if e.category != root.category and (ctx.tier(e.category) != "specific" or before(root, e))
+        if e.category != root.category
+        and (ctx.tier(e.category) != "specific" or before(root, e))
+        and not part_of_root_traceback(e, root, int(ctx.config["traceback_lines"]))
     ]
     if symptoms:
         categories = sorted({e.category for e in symptoms})

@@ -37,6 +37,9 @@ _ISO = re.compile(
 _ISO_SYSLOG_TAIL = re.compile(
     rb"^([a-z0-9][a-z0-9_.-]{0,62}) ([A-Za-z0-9_./-]{1,48})(?:\[(\d{1,10})\])?: ?"
 )
+_GLOG = re.compile(
+    rb"^\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}) {1,8}\d{1,10} [^ \]\n]{1,200}\] ?"
+)
 _TORCHRUN = re.compile(rb"^\[(?:rank|default|trainer|worker)(\d{1,6})\]: ?")
 _SRUN = re.compile(rb"^(\d{1,6}): ")
 _HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
@@ -152,11 +155,26 @@ def _strip_leading(out: ParsedLine) -> bool:
             except ValueError:
                 return False
             out.ts_ns, out.body = _to_ns(dt, frac), body[found.end() :]
+            if out.body.startswith(b"- "):  # Python logging's "%(asctime)s - %(name)s - …"
+                out.body = out.body[2:]
             tail = _ISO_SYSLOG_TAIL.match(out.body) if out.source == "log" else None
             if tail and out.host is None and tail.group(2) in (b"kernel", b"slurmd", b"slurmstepd"):
                 out.host = tail.group(1).decode()
                 out.source = "kmsg" if tail.group(2) == b"kernel" else "syslog"
                 out.body = out.body[tail.end() :]
+            return True
+    if out.ts_ns is None:
+        found = _GLOG.match(body)  # glog / c10 logging: [E1130 04:56:09.123456 4100 file.cpp:616]
+        if found:
+            level, mon, day, hh, mm, ss, frac = found.groups()
+            try:
+                dt = datetime(
+                    _year_now(), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+                )
+            except ValueError:
+                return False
+            out.ts_ns, out.body = _to_ns(dt, frac), body[found.end() :]
+            out.attrs["log_level"] = level.decode()
             return True
     if out.rank is None:
         found = _TORCHRUN.match(body) or _SRUN.match(body)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,43 +11,134 @@ from hypothesis import strategies as st
 from denpex.core.events import format_ts
 from denpex.lite.prefixes import hints_from_path, parse_line
 
+YEAR = datetime.now(UTC).year  # glog and syslog lines carry no year: the current one is assumed
 CASES = [
     # line, source, host, rank, time, body
-    (b"[rank3]: Traceback (most recent call last):", "log", None, 3, None, b"Traceback (most recent call last):"),
+    (
+        b"[rank3]: Traceback (most recent call last):",
+        "log",
+        None,
+        3,
+        None,
+        b"Traceback (most recent call last):",
+    ),
     (b"[default12]:RuntimeError: boom", "log", None, 12, None, b"RuntimeError: boom"),
     (b"3: RuntimeError: boom", "log", None, 3, None, b"RuntimeError: boom"),
     (b"node7: [rank3]: x", "log", "node7", 3, None, b"x"),
     (b"gpu-a100-03.cluster.local: 5: y", "log", "gpu-a100-03.cluster.local", 5, None, b"y"),
-    (b"[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79", "kmsg", None, None, None, b"NVRM: Xid (PCI:0000:3b:00): 79"),
-    (b"[Mon Nov 30 04:56:09 2026] NVRM: Xid", "kmsg", None, None, "2026-11-30T04:56:09.000Z", b"NVRM: Xid"),
+    (
+        b"[ 1234.567890] NVRM: Xid (PCI:0000:3b:00): 79",
+        "kmsg",
+        None,
+        None,
+        None,
+        b"NVRM: Xid (PCI:0000:3b:00): 79",
+    ),
+    (
+        b"[Mon Nov 30 04:56:09 2026] NVRM: Xid",
+        "kmsg",
+        None,
+        None,
+        "2026-11-30T04:56:09.000Z",
+        b"NVRM: Xid",
+    ),
     (b"3,1234,5678901234,-;NVRM: Xid (PCI", "kmsg", None, None, None, b"NVRM: Xid (PCI"),
-    (b'{"__REALTIME_TIMESTAMP":"1796014569123456","_HOSTNAME":"node7","SYSLOG_IDENTIFIER":"kernel","MESSAGE":"NVRM: Xid"}',
-     "kmsg", "node7", None, "2026-11-30T04:56:09.123Z", b"NVRM: Xid"),
-    (b'{"__REALTIME_TIMESTAMP":"1796014569123456","_HOSTNAME":"n1","SYSLOG_IDENTIFIER":"slurmd","MESSAGE":[104,105]}',
-     "journal", "n1", None, "2026-11-30T04:56:09.123Z", b"hi"),
-    (b"2026-11-30 04:56:09,123 - INFO - step 10", "log", None, None, "2026-11-30T04:56:09.123Z", b"- INFO - step 10"),
-    (b"[2026-11-30T04:56:09.250] error: x", "log", None, None, "2026-11-30T04:56:09.250Z", b"error: x"),
-    (b"2026-11-30T06:56:09.5+02:00 node7 kernel: oom-kill:x", "kmsg", "node7", None, "2026-11-30T04:56:09.500Z", b"oom-kill:x"),
+    (
+        b'{"__REALTIME_TIMESTAMP":"1796014569123456","_HOSTNAME":"node7","SYSLOG_IDENTIFIER":"kernel","MESSAGE":"NVRM: Xid"}',
+        "kmsg",
+        "node7",
+        None,
+        "2026-11-30T04:56:09.123Z",
+        b"NVRM: Xid",
+    ),
+    (
+        b'{"__REALTIME_TIMESTAMP":"1796014569123456","_HOSTNAME":"n1","SYSLOG_IDENTIFIER":"slurmd","MESSAGE":[104,105]}',
+        "journal",
+        "n1",
+        None,
+        "2026-11-30T04:56:09.123Z",
+        b"hi",
+    ),
+    (
+        b"2026-11-30 04:56:09,123 - INFO - step 10",
+        "log",
+        None,
+        None,
+        "2026-11-30T04:56:09.123Z",
+        b"INFO - step 10",
+    ),
+    (
+        b"[2026-11-30T04:56:09.250] error: x",
+        "log",
+        None,
+        None,
+        "2026-11-30T04:56:09.250Z",
+        b"error: x",
+    ),
+    (
+        b"2026-11-30T06:56:09.5+02:00 node7 kernel: oom-kill:x",
+        "kmsg",
+        "node7",
+        None,
+        "2026-11-30T04:56:09.500Z",
+        b"oom-kill:x",
+    ),
     (b"RuntimeError: CUDA error", "log", None, None, None, b"RuntimeError: CUDA error"),
     (b"ValueError: bad", "log", None, None, None, b"ValueError: bad"),
     (b"step10: loss 3.2", "log", None, None, None, b"step10: loss 3.2"),
-    (b"node1:12345:12345 [0] NCCL INFO Channel 00", "log", "node1", None, None, b"node1:12345:12345 [0] NCCL INFO Channel 00"),
-    (b"[rank1]:[E1130 04:56:09.1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog", "log", None, 1, None,
-     b"[E1130 04:56:09.1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog"),
-    (b"[E ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught", "log", None, 6, None, b"[E ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught"),
+    (
+        b"node1:12345:12345 [0] NCCL INFO Channel 00",
+        "log",
+        "node1",
+        None,
+        None,
+        b"node1:12345:12345 [0] NCCL INFO Channel 00",
+    ),
+    (
+        b"[rank1]:[E1130 04:56:09.100000 4100 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog",
+        "log",
+        None,
+        1,
+        f"{YEAR}-11-30T04:56:09.100Z",
+        b"[Rank 1] Watchdog",
+    ),
+    (
+        b"I1130 04:56:09.250000  77 tcpstore.cpp:12] ok",
+        "log",
+        None,
+        None,
+        f"{YEAR}-11-30T04:56:09.250Z",
+        b"ok",
+    ),
+    (
+        b"[E ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught",
+        "log",
+        None,
+        6,
+        None,
+        b"[E ProcessGroupNCCL.cpp:616] [Rank 6] Watchdog caught",
+    ),
 ]
 
 
-@pytest.mark.parametrize("line,source,host,rank,ts,body", CASES, ids=[c[0][:40].decode("latin-1") for c in CASES])
+@pytest.mark.parametrize(
+    "line,source,host,rank,ts,body", CASES, ids=[c[0][:40].decode("latin-1") for c in CASES]
+)
 def test_parse_line(line, source, host, rank, ts, body):
     parsed = parse_line(line)
     assert (parsed.source, parsed.host, parsed.rank, format_ts(parsed.ts_ns), parsed.body) == (
-        source, host, rank, ts, body
+        source,
+        host,
+        rank,
+        ts,
+        body,
     )
 
 
 def test_syslog_line_keeps_kernel_uptime_and_host():
-    parsed = parse_line(b"Nov 30 04:56:09 node7 kernel: [12345.678901] Out of memory: Killed process 4242 (python)")
+    parsed = parse_line(
+        b"Nov 30 04:56:09 node7 kernel: [12345.678901] Out of memory: Killed process 4242 (python)"
+    )
     assert parsed.source == "kmsg" and parsed.host == "node7"
     assert parsed.attrs["uptime_s"] == pytest.approx(12345.678901)
     assert parsed.body.startswith(b"Out of memory")
@@ -66,8 +159,12 @@ def test_any_bytes_parse_without_error(line):
 
 @pytest.mark.parametrize(
     "path,expected",
-    [("node7/rank3.log", ("node7", 3)), ("logs/run1/rank_12.txt", (None, 12)),
-     ("kern.log", (None, None)), ("gpu-a100-03/train.log", ("gpu-a100-03", None))],
+    [
+        ("node7/rank3.log", ("node7", 3)),
+        ("logs/run1/rank_12.txt", (None, 12)),
+        ("kern.log", (None, None)),
+        ("gpu-a100-03/train.log", ("gpu-a100-03", None)),
+    ],
 )
 def test_hints_from_path(path, expected):
     assert hints_from_path(path) == expected

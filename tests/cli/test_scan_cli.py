@@ -1,0 +1,125 @@
+"""`denpex scan` as a user runs it: real subprocesses, real files, JSON checked against the schema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OOM_RANK3 = """\
+[rank0]:2026-11-30 04:50:00,100 - train - INFO - step 100 | loss 2.31
+[rank3]:Traceback (most recent call last):
+[rank3]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.15 GiB of which 1.02 GiB is free.
+[rank0]:[E1130 05:00:01.000000 4100 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds before timing out.
+"""
+XID_KERN = "Nov 30 04:49:58 node2 kernel: [12345.678901] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen off the bus.\n"
+HEALTHY = """\
+node1:4100:4100 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.11<0>
+node1:4100:4100 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
+/usr/lib/python3/site-packages/torch/utils/checkpoint.py:91: UserWarning: None of the inputs have requires_grad=True. Gradients will be None
+step 100 | loss 2.31
+"""
+
+
+def denpex(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "denpex", *args], input=stdin, capture_output=True, cwd=cwd, timeout=120
+    )
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    (tmp_path / "node1").mkdir()
+    (tmp_path / "node2").mkdir()
+    (tmp_path / "node1" / "rank0.log").write_text(OOM_RANK3)
+    (tmp_path / "node2" / "kern.log").write_text(XID_KERN)
+    (tmp_path / "healthy.log").write_text(HEALTHY)
+    return tmp_path
+
+
+def test_json_validates_and_names_the_first_failing_rank(logs, validate_diagnosis):
+    result = denpex("scan", "--json", "-q", str(logs / "node1" / "rank0.log"))
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    validate_diagnosis(data)
+    assert data["root_cause"]["category"] == "cuda.oom"
+    assert data["root_cause"]["rank"] == 3
+    assert data["root_cause"]["host"] == "node1"  # from the folder name
+    assert any(c["role"] == "symptom" and c["category"] == "nccl.timeout" for c in data["contributing"])
+
+
+def test_glob_of_mixed_sources_puts_hardware_first(logs, validate_diagnosis):
+    result = denpex("scan", "--json", "-q", "node*/*.log", cwd=logs)
+    data = json.loads(result.stdout)
+    validate_diagnosis(data)
+    assert result.returncode == 1
+    assert data["root_cause"]["category"] == "gpu.fallen_off_bus"
+    assert data["root_cause"]["host"] == "node2"
+    assert data["root_cause"]["rule"] == "hardware_first"
+
+
+def test_healthy_log_exits_0(logs, validate_diagnosis):
+    result = denpex("scan", "--json", str(logs / "healthy.log"))
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    validate_diagnosis(data)
+    assert data["status"] == "ok" and data["root_cause"]["category"] == "unknown"
+    assert "no failure" in result.stderr.decode().lower()
+
+
+def test_stdin_and_overrides(validate_diagnosis):
+    result = denpex("scan", "--json", "--host", "gpu-07", "--rank", "5", "-q",
+                    stdin=b"RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    data = json.loads(result.stdout)
+    validate_diagnosis(data)
+    assert (data["root_cause"]["category"], data["root_cause"]["host"], data["root_cause"]["rank"]) == (
+        "cuda.illegal_address", "gpu-07", 5)
+
+
+def test_exit_code_zero_means_no_root_cause(logs):
+    result = denpex("scan", "--json", "-q", "--exit-code", "0", str(logs / "node1" / "rank0.log"))
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["status"] == "ok"
+
+
+def test_reports_are_written(logs, validate_diagnosis):
+    report, html = logs / "d.json", logs / "d.html"
+    result = denpex("scan", "-q", "--report", str(report), "--html", str(html), str(logs / "node1" / "rank0.log"))
+    assert result.returncode == 1
+    validate_diagnosis(json.loads(report.read_text()))
+    page = html.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "cuda.oom" in page
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["missing.log"], "does not exist"),
+        (["nomatch*.log"], "no file matches"),
+        (["--tee", "--json"], "--tee"),
+        (["--follow", "a", "b"], "--follow"),
+        (["--report", "/nonexistent-dir/x.json", "-"], "does not exist"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, message):
+    result = denpex("scan", *args, cwd=tmp_path, stdin=b"")
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert message in err and "Traceback" not in err
+
+
+def test_help_teaches():
+    result = denpex("scan", "--help")
+    assert result.returncode == 0
+    text = result.stdout.decode()
+    assert "--tee" in text and "exit status" in text and "examples" in text
+
+
+def test_version_verbose_names_backends():
+    result = denpex("--version", "--verbose")
+    text = result.stdout.decode()
+    assert result.returncode == 0
+    assert "linesplit:" in text and "matcher:" in text and "signatures:" in text
