@@ -4,15 +4,23 @@ Pure data and pure functions: nothing here touches the network, and nothing here
 higher layer.
 """
 
-from denpex.core.diagnosis import ACTIONS, SCHEMA_ID, Action, Contributing, Diagnosis, RootCause, TimelineEntry
+from denpex.core.diagnosis import (
+    ACTIONS,
+    SCHEMA_ID,
+    Action,
+    Contributing,
+    Diagnosis,
+    RootCause,
+    TimelineEntry,
+)
 from denpex.core.events import SEVERITIES, SOURCES, Event, Evidence, severity_rank
 from denpex.core.taxonomy import Category, Taxonomy, load_taxonomy
 
 __all__ = [
     "ACTIONS",
-    "SOURCES",
     "SCHEMA_ID",
     "SEVERITIES",
+    "SOURCES",
     "Action",
     "Category",
     "Contributing",

@@ -86,6 +86,7 @@ class Diagnosis:
             "notes": list(self.notes),
         }
 
+
 # The remediation vocabulary (DESIGN §7): every signature's `action` and every diagnosis
 # action is one of these.
 ACTIONS = (

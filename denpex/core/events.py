@@ -6,6 +6,7 @@ Events map 1:1 onto OTLP log records; keep every field a scalar or a flat dict o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 SEVERITIES = ("info", "warning", "error", "critical")
@@ -72,3 +73,12 @@ class Evidence:
     @property
     def is_failure(self) -> bool:
         return severity_rank(self.severity) >= _SEVERITY_RANK["error"]
+
+
+def format_ts(ts_ns: int | None) -> str | None:
+    """ISO 8601 UTC with milliseconds (`2026-11-30T04:56:09.123Z`), as the JSON writes times."""
+    if ts_ns is None:
+        return None
+    dt = datetime.fromtimestamp(ts_ns // 1_000_000_000, UTC)
+    millis = (ts_ns // 1_000_000) % 1000
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis:03d}Z"

@@ -49,6 +49,10 @@ class RulesConfig:
     def adjustment(self, name: str) -> float:
         return float(self.raw["confidence"][name])
 
+    def explained_by(self, category: str) -> list[str]:
+        """The categories that `category` evidence explains (rules.yaml `explains`)."""
+        return list(self.raw.get("explains", {}).get(category, []))
+
     def followups(self, category: str) -> list[str]:
         return list(self.raw.get("followup_actions", {}).get(category, []))
 

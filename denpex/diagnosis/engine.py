@@ -14,7 +14,13 @@ from denpex.core.diagnosis import Action, Contributing, Diagnosis, RootCause, Ti
 from denpex.core.events import Evidence, format_ts, severity_rank
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
 from denpex.diagnosis.config import RulesConfig, load_rules
-from denpex.diagnosis.rules import RULES, Finding, RuleContext, part_of_root_traceback
+from denpex.diagnosis.rules import (
+    RULES,
+    Finding,
+    RuleContext,
+    cause_explains_effect,
+    part_of_root_traceback,
+)
 from denpex.diagnosis.summary import action_reason, summarize
 from denpex.diagnosis.timeline import before, ordered, pick_timeline, seconds_between
 
@@ -167,6 +173,7 @@ def diagnose(
         for rule in RULES:
             finding = rule(ctx)
             if finding is not None:
+                finding = cause_explains_effect(ctx, finding)
                 break
 
     if finding is None:

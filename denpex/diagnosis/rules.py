@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from denpex.core.events import Evidence, severity_rank
 from denpex.diagnosis.config import RulesConfig
-from denpex.diagnosis.timeline import before, earliest, ordered, seconds_between
+from denpex.diagnosis.timeline import before, earliest, order_key, ordered, seconds_between
 
 
 @dataclass(slots=True)
@@ -159,21 +159,30 @@ def scheduler(ctx: RuleContext) -> Finding | None:
     return Finding("scheduler", earliest(ended)) if ended else None
 
 
+def _before_teardown(ctx: RuleContext, items: list[Evidence]) -> list[Evidence]:
+    """Generic failures after the first symptom (a watchdog timeout, a peer failure) are
+    part of the teardown it starts: aborts, core dumps, re-raised exceptions."""
+    first_symptom = _first_of_tier(ctx, "symptom")
+    if first_symptom is None:
+        return items
+    return [e for e in items if before(e, first_symptom)]
+
+
 def first_failing_weak(ctx: RuleContext) -> Finding | None:
-    """With nothing specific, the earliest generic failure other than a bare exception."""
-    root = earliest(
-        [
-            e
-            for e in ctx.failures
-            if ctx.tier(e.category) == "weak" and e.category != "app.exception"
-        ]
-    )
-    return Finding("first_failing_weak", root) if root else None
+    """With nothing specific, the earliest generic failure — unless it is a bare exception,
+    which `exception_fallback` names with less confidence."""
+    weak = _before_teardown(ctx, [e for e in ctx.failures if ctx.tier(e.category) == "weak"])
+    # a line matched both as a bare exception and as something more telling: keep the latter
+    root = min(weak, key=lambda e: (order_key(e), e.category == "app.exception"), default=None)
+    if root is None or root.category == "app.exception":
+        return None
+    return Finding("first_failing_weak", root)
 
 
 def exception_fallback(ctx: RuleContext) -> Finding | None:
     """An uncaught exception with no more specific evidence: app.exception."""
-    root = earliest([e for e in ctx.failures if e.category == "app.exception"])
+    exceptions = [e for e in ctx.failures if e.category == "app.exception"]
+    root = earliest(_before_teardown(ctx, exceptions))
     return Finding("exception_fallback", root) if root else None
 
 
@@ -196,3 +205,31 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     exception_fallback,
     symptoms_only,
 )
+
+
+def _explains(ctx: RuleContext, cause: Evidence, effect: Evidence) -> bool:
+    cfg = ctx.config
+    if effect.category not in cfg.explained_by(cause.category):
+        return False
+    other_host = cause.event.host and effect.event.host and cause.event.host != effect.event.host
+    if other_host and cause.category not in cfg["explains_across_hosts"]:
+        return False
+    gap = seconds_between(cause, effect)
+    if gap is not None:
+        return abs(gap) <= float(cfg["explains_window_s"])
+    return abs(cause.event.seq - effect.event.seq) <= int(cfg["explains_lines"])
+
+
+def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
+    """Refines a finding: evidence whose category explains the root's (rules.yaml `explains`:
+    a full disk explains a failed checkpoint save) and that sits near it is the deeper cause."""
+    for _ in range(3):  # short chains: a link down → IB errors → NCCL system error
+        causes = [
+            e
+            for e in ctx.evidence
+            if severity_rank(e.severity) >= 1 and _explains(ctx, e, finding.root)
+        ]
+        if not causes:
+            break
+        finding = Finding("cause_explains_effect", _strongest_earliest(causes))
+    return finding

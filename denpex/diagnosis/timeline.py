@@ -36,8 +36,11 @@ def before(a: Evidence, b: Evidence) -> bool:
 
 
 def seconds_between(a: Evidence, b: Evidence) -> float | None:
-    """b minus a in seconds, when both carry a time."""
+    """b minus a in seconds, when both carry a time of their own (an inherited time, taken
+    from an earlier line, only bounds the real one from below)."""
     if a.event.ts_ns is None or b.event.ts_ns is None:
+        return None
+    if a.event.attrs.get("ts_inherited") or b.event.attrs.get("ts_inherited"):
         return None
     return (b.event.ts_ns - a.event.ts_ns) / 1e9
 

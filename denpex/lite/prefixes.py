@@ -37,21 +37,26 @@ _ISO = re.compile(
 _ISO_SYSLOG_TAIL = re.compile(
     rb"^([a-z0-9][a-z0-9_.-]{0,62}) ([A-Za-z0-9_./-]{1,48})(?:\[(\d{1,10})\])?: ?"
 )
+# c10 logging `[E914 13:34:42.100231874 File.cpp:616]` (month*100+day, ns, no thread id) and
+# Python/glog `E0130 12:10:04.010000 90211 path.py:869]` (zero-padded, with thread id)
 _GLOG = re.compile(
-    rb"^\[?([IWEF])(\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}) {1,8}\d{1,10} [^ \]\n]{1,200}\] ?"
+    rb"^\[?([IWEF])(\d{3,4}) (\d\d):(\d\d):(\d\d)\.(\d{1,9})(?: {1,8}\d{1,10})? [^ \]\n]{1,200}\] ?"
 )
 _TORCHRUN = re.compile(rb"^\[(?:rank|default|trainer|worker)(\d{1,6})\]: ?")
 _SRUN = re.compile(rb"^(\d{1,6}): ")
 _HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
+# a host name without digits (node-a, login) only counts before another known prefix
+_HOST_BEFORE_PREFIX = re.compile(
+    rb"^([a-z][a-z0-9-]{0,62}(?:\.[a-z0-9-]{1,63}){0,6}): (?=\[(?:rank|default)\d|\d{1,6}: |\d{4}-\d\d-\d\d|[A-Za-z0-9_.-]{1,63}:\d{1,10}:\d{1,10} \[)"
+)
 _NOT_HOSTS = re.compile(
     rb"^(?:rank|default|step|epoch|iter|iteration|gpu|cuda|device|worker|layer"
     rb"|batch|node_rank|local_rank|task|proc|cpu|shard|run|job|exp|trial|test|attempt|try|logs?"
     rb"|out|output|v|version|ckpt|checkpoint|model)[_-]?\d",
     re.IGNORECASE,
 )
-_NCCL_HOST = re.compile(
-    rb"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d{1,10}):(\d{1,10}) \[(\d{1,3})\] NCCL "
-)
+_NCCL_HOST = re.compile(rb"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d{1,10}):(\d{1,10}) \[(\d{1,3})\] ")
+_YEAR_IN_TEXT = re.compile(rb"\b(20\d\d)-[01]\d-[0-3]\d[T ]|\b[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d (20\d\d)\]")
 _RANK_IN_BODY = re.compile(rb"\[Rank (\d{1,6})\]")
 
 
@@ -109,7 +114,7 @@ def _parse_journal_json(line: bytes, out: ParsedLine) -> bool:
     return True
 
 
-def _strip_leading(out: ParsedLine) -> bool:
+def _strip_leading(out: ParsedLine, year: int | None) -> bool:
     """Remove one recognised prefix from out.body; False when none applies."""
     body = out.body
     if out.ts_ns is None and out.source == "log":
@@ -131,7 +136,8 @@ def _strip_leading(out: ParsedLine) -> bool:
         if found and found.group(1).decode() in _MONTHS:
             mon, day, hh, mm, ss, host, tag, pid = found.groups()
             dt = datetime(
-                _year_now(), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+                year or _year_now(), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss),
+                tzinfo=UTC,
             )
             out.ts_ns, out.host = _to_ns(dt), host.decode()
             out.source = "kmsg" if tag == b"kernel" else "syslog"
@@ -163,34 +169,37 @@ def _strip_leading(out: ParsedLine) -> bool:
                 out.source = "kmsg" if tail.group(2) == b"kernel" else "syslog"
                 out.body = out.body[tail.end() :]
             return True
-    if out.ts_ns is None:
-        found = _GLOG.match(body)  # glog / c10 logging: [E1130 04:56:09.123456 4100 file.cpp:616]
-        if found:
-            level, mon, day, hh, mm, ss, frac = found.groups()
+    found = _GLOG.match(body)
+    if found:
+        level, monthday, hh, mm, ss, frac = found.groups()
+        month, day = divmod(int(monthday), 100)
+        if out.ts_ns is None:
             try:
-                dt = datetime(
-                    _year_now(), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=UTC
-                )
+                dt = datetime(year or _year_now(), month, day, int(hh), int(mm), int(ss), tzinfo=UTC)
             except ValueError:
                 return False
-            out.ts_ns, out.body = _to_ns(dt, frac), body[found.end() :]
-            out.attrs["log_level"] = level.decode()
-            return True
+            out.ts_ns = _to_ns(dt, frac)
+        out.body = body[found.end() :]
+        out.attrs["log_level"] = level.decode()
+        return True
     if out.rank is None:
         found = _TORCHRUN.match(body) or _SRUN.match(body)
         if found:
             out.rank, out.body = int(found.group(1)), body[found.end() :]
             return True
     if out.host is None:
-        found = _HOST.match(body)
+        found = _HOST.match(body) or _HOST_BEFORE_PREFIX.match(body)
         if found and not _NOT_HOSTS.match(body):
             out.host, out.body = found.group(1).decode(), body[found.end() :]
             return True
     return False
 
 
-def parse_line(line: bytes) -> ParsedLine:
-    """Split the recognised prefixes of one line off into fields; the rest is the body."""
+def parse_line(line: bytes, year: int | None = None) -> ParsedLine:
+    """Split the recognised prefixes of one line off into fields; the rest is the body.
+
+    `year` completes timestamps that carry none (syslog, glog); default: the current year.
+    """
     out = ParsedLine(body=line)
     if line[:1] == b"{" and b'"MESSAGE"' in line:
         _parse_journal_json(line, out)
@@ -204,7 +213,7 @@ def parse_line(line: bytes) -> ParsedLine:
                 out.attrs["userspace"] = True
             out.body = line[found.end() :]
     for _ in range(6):
-        if not _strip_leading(out):
+        if not _strip_leading(out, year):
             break
     if out.host is None or out.pid is None:
         nccl = _NCCL_HOST.match(out.body)
@@ -239,3 +248,9 @@ def hints_from_path(path: str) -> tuple[str | None, int | None]:
             host = folder
             break
     return host, rank
+
+
+def year_in(text: bytes) -> int | None:
+    """The first calendar year a chunk of log text states (ISO or `dmesg -T` dates)."""
+    found = _YEAR_IN_TEXT.search(text)
+    return int(found.group(1) or found.group(2)) if found else None

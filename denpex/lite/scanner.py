@@ -14,7 +14,7 @@ from denpex import _native
 from denpex.catalog import Catalog
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence
-from denpex.lite.prefixes import ParsedLine, parse_line
+from denpex.lite.prefixes import ParsedLine, parse_line, year_in
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
@@ -36,6 +36,7 @@ class StreamState:
     rank: int | None = None
     last_ts_ns: int | None = None
     source: str = "log"
+    year: int | None = None  # completes glog/syslog times, which carry no year
     hosts_seen: dict[str, int] = field(default_factory=dict)
     ranks_seen: dict[int, int] = field(default_factory=dict)
 
@@ -103,10 +104,12 @@ class Scanner:
         self._seq += len(lines)
         self.lines += len(lines)
         parsed_cache: dict[int, ParsedLine] = {}
+        if state.year is None:
+            state.year = year_in(b"\n".join(lines[:2000]))
 
         def parsed_at(index: int) -> ParsedLine:
             if index not in parsed_cache:
-                parsed_cache[index] = parse_line(lines[index])
+                parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
         for match in self.catalog.match_lines(lines):
@@ -143,8 +146,12 @@ class Scanner:
             self.evidence_dropped += 1
             return
         captures = signature.captures(body)
-        host = parsed.host or state.host or self.default_host
-        rank = parsed.rank if parsed.rank is not None else state.rank
+        # a message about another host or rank ("srun: error: node3: task 3: Killed") names
+        # its subject in the captures, which outrank the prefix of the line that carried it
+        host = captures.get("host") or parsed.host or state.host or self.default_host
+        rank = _int(captures.get("rank"))
+        if rank is None:
+            rank = parsed.rank if parsed.rank is not None else state.rank
         if host:
             state.hosts_seen[host] = state.hosts_seen.get(host, 0) + 1
         if rank is not None and not parsed.attrs.get("rank_from_message"):
@@ -196,6 +203,10 @@ class Scanner:
             "truncated_line_bytes": self.truncated_bytes,
             "evidence_dropped": self.evidence_dropped,
         }
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 def _single(counts: dict) -> object | None:

@@ -1,0 +1,1 @@
+"""denpex.lite"""
