@@ -5,11 +5,12 @@ No GPU or PyTorch needed: it prints what such a job prints, with the timing comp
 exits 1 like torchrun. Try it:  denpex run -- python examples/failing_job.py
 """
 
+import socket
 import sys
 import time
 from datetime import UTC, datetime
 
-HOST = "node1"
+HOST = socket.gethostname()
 WORLD = 4
 FAILING_RANK = 2
 

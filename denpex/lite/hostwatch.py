@@ -172,8 +172,15 @@ class CgroupMemoryWatch:
         )
         return Evidence(
             id=evidence_id,
-            event=Event(body=body, ts_ns=time.time_ns(), host=host, source="cgroup",
-                        kind="state", pid=self.pid, attrs={"oom_kill": kills}),
+            event=Event(
+                body=body,
+                ts_ns=time.time_ns(),
+                host=host,
+                source="cgroup",
+                kind="state",
+                pid=self.pid,
+                attrs={"oom_kill": kills},
+            ),
             signature=CGROUP_OOM_SIGNATURE,
             category="host.oom_killed",
             severity="critical",

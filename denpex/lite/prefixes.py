@@ -42,7 +42,9 @@ _ISO_SYSLOG_TAIL = re.compile(
 _GLOG = re.compile(
     rb"^\[?([IWEF])(\d{3,4}) (\d\d):(\d\d):(\d\d)\.(\d{1,9})(?: {1,8}\d{1,10})? [^ \]\n]{1,200}\] ?"
 )
-_TORCHRUN = re.compile(rb"^\[(?:rank|default|trainer|worker)(\d{1,6})\]: ?")
+# `[rank3]:` carries the global rank; `[default3]:` (torchrun --tee, role "default") the
+# local one, which a following `[rank11]:` replaces
+_TORCHRUN = re.compile(rb"^\[(rank|default|trainer|worker)(\d{1,6})\]: ?")
 _SRUN = re.compile(rb"^(\d{1,6}): ")
 _HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
 # a host name without digits (node-a, login) only counts before another known prefix
@@ -56,7 +58,9 @@ _NOT_HOSTS = re.compile(
     re.IGNORECASE,
 )
 _NCCL_HOST = re.compile(rb"^([A-Za-z0-9][A-Za-z0-9_.-]{0,62}):(\d{1,10}):(\d{1,10}) \[(\d{1,3})\] ")
-_YEAR_IN_TEXT = re.compile(rb"\b(20\d\d)-[01]\d-[0-3]\d[T ]|\b[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d (20\d\d)\]")
+_YEAR_IN_TEXT = re.compile(
+    rb"\b(20\d\d)-[01]\d-[0-3]\d[T ]|\b[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d (20\d\d)\]"
+)
 _RANK_IN_BODY = re.compile(rb"\[Rank (\d{1,6})\]")
 
 
@@ -136,7 +140,12 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         if found and found.group(1).decode() in _MONTHS:
             mon, day, hh, mm, ss, host, tag, pid = found.groups()
             dt = datetime(
-                year or _year_now(), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss),
+                year or _year_now(),
+                _MONTHS[mon.decode()],
+                int(day),
+                int(hh),
+                int(mm),
+                int(ss),
                 tzinfo=UTC,
             )
             out.ts_ns, out.host = _to_ns(dt), host.decode()
@@ -175,15 +184,27 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         month, day = divmod(int(monthday), 100)
         if out.ts_ns is None:
             try:
-                dt = datetime(year or _year_now(), month, day, int(hh), int(mm), int(ss), tzinfo=UTC)
+                dt = datetime(
+                    year or _year_now(), month, day, int(hh), int(mm), int(ss), tzinfo=UTC
+                )
             except ValueError:
                 return False
             out.ts_ns = _to_ns(dt, frac)
         out.body = body[found.end() :]
         out.attrs["log_level"] = level.decode()
         return True
+    found = _TORCHRUN.match(body)
+    if found and (
+        out.rank is None or (out.attrs.get("local_rank_prefix") and found.group(1) == b"rank")
+    ):
+        out.rank, out.body = int(found.group(2)), body[found.end() :]
+        if found.group(1) != b"rank":
+            out.attrs["local_rank_prefix"] = True
+        else:
+            out.attrs.pop("local_rank_prefix", None)
+        return True
     if out.rank is None:
-        found = _TORCHRUN.match(body) or _SRUN.match(body)
+        found = _SRUN.match(body)
         if found:
             out.rank, out.body = int(found.group(1)), body[found.end() :]
             return True

@@ -20,6 +20,28 @@ LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _LOOKBACK_FOR_TIME = 40
+# facts a job states about itself, used to attribute evidence to hosts and ranks:
+# NCCL's "comm 0x… rank 13 nranks 16 cudaDev 5 nvmlDev 5 busId 3b000" (GPU → rank) and
+# torchrun's failure summary "host : node7 / rank : 3 (local_rank: 3)" (rank → host)
+_NCCL_COMM = re.compile(
+    rb" rank (\d{1,6}) nranks \d{1,6} cudaDev \d{1,3} (?:nvmlDev \d{1,3} )?busId ([0-9a-fA-F]{1,12})"
+)
+_ELASTIC_SUMMARY = re.compile(
+    rb"host {0,16}: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})[ \t]*\n[^\n]{0,40}rank {0,16}: (\d{1,6})"
+)
+_SRUN_TASKS = re.compile(
+    rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
+)
+_PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
+
+
+def pci_bus_id(pci: str) -> int | None:
+    """NCCL's integer form of a PCI address: '0000:3b:00' and '0000:3b:00.0' → 0x3b000."""
+    found = _PCI.match(pci.strip())
+    if not found:
+        return None
+    domain, bus, device, function = found.groups()
+    return int(f"{domain or '0'}{bus}{device}{function or '0'}", 16)
 
 
 def strip_ansi(line: bytes) -> bytes:
@@ -53,6 +75,8 @@ class Scanner:
         self.lines = 0
         self.matches = 0
         self.evidence_dropped = 0
+        self.rank_of_gpu: dict[tuple[str | None, int], int] = {}  # (host, bus id) → rank
+        self.host_of_rank: dict[int, str] = {}
         self._seq = 0
         self._splitter_cls = _native.load("linesplit").LineSplitter
 
@@ -66,18 +90,21 @@ class Scanner:
             self.streams[name] = state
         return state
 
-    def feed(self, name: str, data: bytes, *, gap: bool = False) -> None:
-        """Scan a chunk of stream `name`; `gap` means bytes were lost just before it."""
+    def feed(
+        self, name: str, data: bytes, *, gap: bool = False, arrival_ns: int | None = None
+    ) -> None:
+        """Scan a chunk of stream `name`; `gap` means bytes were lost just before it;
+        `arrival_ns` (live streams) times the lines that carry no time of their own."""
         state = self.stream(name)
         if gap:
             state.splitter.reset()
         self.bytes += len(data)
-        self._scan(state, state.splitter.feed(data))
+        self._scan(state, state.splitter.feed(data), arrival_ns)
 
-    def close(self, name: str) -> None:
+    def close(self, name: str, arrival_ns: int | None = None) -> None:
         state = self.streams.get(name)
         if state is not None:
-            self._scan(state, state.splitter.flush())
+            self._scan(state, state.splitter.flush(), arrival_ns)
 
     def close_all(self) -> None:
         for name in list(self.streams):
@@ -96,7 +123,7 @@ class Scanner:
         return sum(s.splitter.truncated_bytes for s in self.streams.values())
 
     # -- matching ------------------------------------------------------------------------
-    def _scan(self, state: StreamState, lines: list[bytes]) -> None:
+    def _scan(self, state: StreamState, lines: list[bytes], arrival_ns: int | None = None) -> None:
         if not lines:
             return
         lines = [strip_ansi(line) for line in lines]
@@ -112,9 +139,13 @@ class Scanner:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
+        self._learn_attribution(lines, parsed_at)
         for match in self.catalog.match_lines(lines):
             parsed = parsed_at(match.line_index)
-            if parsed.ts_ns is None:
+            if parsed.ts_ns is None and arrival_ns is not None:
+                parsed.ts_ns = arrival_ns
+                parsed.attrs["ts_arrival"] = True
+            elif parsed.ts_ns is None:
                 parsed.ts_ns = self._time_before(state, parsed_at, match.line_index)
                 if parsed.ts_ns is not None:
                     parsed.attrs["ts_inherited"] = True
@@ -127,6 +158,23 @@ class Scanner:
             if ts is not None:
                 state.last_ts_ns = ts
                 break
+
+    def _learn_attribution(self, lines: list[bytes], parsed_at) -> None:
+        joined = b"\n".join(lines)
+        if b"busId" in joined:
+            for index, line in enumerate(lines):
+                if b"busId" in line:
+                    found = _NCCL_COMM.search(line)
+                    if found:
+                        bus = int(found.group(2), 16)
+                        self.rank_of_gpu[(parsed_at(index).host, bus)] = int(found.group(1))
+        if b"local_rank" in joined:
+            for found in _ELASTIC_SUMMARY.finditer(joined):
+                self.host_of_rank[int(found.group(2))] = found.group(1).decode()
+        if b"srun: error: " in joined:
+            for found in _SRUN_TASKS.finditer(joined):
+                for rank in _rank_list(found.group(2).decode()):
+                    self.host_of_rank.setdefault(rank, found.group(1).decode())
 
     def _time_before(self, state: StreamState, parsed_at, index: int) -> int | None:
         for back in range(index - 1, max(-1, index - _LOOKBACK_FOR_TIME), -1):
@@ -180,7 +228,22 @@ class Scanner:
         )
 
     def apply_stream_defaults(self) -> None:
-        """Give evidence without host/rank the one host/rank its stream consistently shows."""
+        """Attribute evidence that lacks a host or rank: a GPU's PCI address → the rank NCCL
+        put on it, a rank → the host torchrun's summary names, else the one host/rank its
+        stream consistently shows."""
+        gpus_by_bus: dict[int, set[int]] = {}
+        for (_, bus), rank in self.rank_of_gpu.items():
+            gpus_by_bus.setdefault(bus, set()).add(rank)
+        for evidence in self.evidence:
+            event = evidence.event
+            if event.rank is None and "pci" in evidence.captures:
+                bus = pci_bus_id(evidence.captures["pci"])
+                rank = self.rank_of_gpu.get((event.host, bus))
+                if rank is None and len(gpus_by_bus.get(bus, ())) == 1:
+                    rank = next(iter(gpus_by_bus[bus]))
+                event.rank = rank
+            if event.host is None and event.rank is not None:
+                event.host = self.host_of_rank.get(event.rank)
         for state in self.streams.values():
             host = state.host or _single(state.hosts_seen)
             rank = state.rank if state.rank is not None else _single(state.ranks_seen)
@@ -203,6 +266,16 @@ class Scanner:
             "truncated_line_bytes": self.truncated_bytes,
             "evidence_dropped": self.evidence_dropped,
         }
+
+
+def _rank_list(text: str) -> list[int]:
+    """'0,2-3' → [0, 2, 3] (Slurm's task lists), at most 4096 ranks."""
+    ranks: list[int] = []
+    for part in text.strip(",").split(","):
+        low, _, high = part.partition("-")
+        if low.isdigit() and (not high or high.isdigit()):
+            ranks.extend(range(int(low), min(int(high or low), int(low) + 4096) + 1))
+    return ranks[:4096]
 
 
 def _int(text: str | None) -> int | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from denpex.catalog import Catalog
@@ -74,16 +75,25 @@ class LiteSession:
             if child_pid is not None:
                 self.cgroup = CgroupMemoryWatch(child_pid, procfs=roots.procfs, sysfs=roots.sysfs)
                 if not self.cgroup.start():
-                    self.notes.append("the child's memory cgroup was not found; no cgroup OOM evidence")
+                    self.notes.append(
+                        "the child's memory cgroup was not found; no cgroup OOM evidence"
+                    )
                     self.cgroup = None
 
     @classmethod
-    def for_run(cls, catalog: Catalog, options: ReportOptions, child_pid: int | None) -> LiteSession:
-        return cls(catalog, options, child_pid=child_pid, host=socket.gethostname(), watch_host=True)
+    def for_run(
+        cls, catalog: Catalog, options: ReportOptions, child_pid: int | None
+    ) -> LiteSession:
+        return cls(
+            catalog, options, child_pid=child_pid, host=socket.gethostname(), watch_host=True
+        )
 
     # -- the runner's AnalysisSession protocol ---------------------------------------------
     def feed(self, stream: int, data: bytes, gap: bool) -> None:
-        self.scanner.feed(STREAM_NAMES.get(stream, f"fd{stream}"), data, gap=gap)
+        # a live stream: lines without a time of their own get the time they arrived
+        self.scanner.feed(
+            STREAM_NAMES.get(stream, f"fd{stream}"), data, gap=gap, arrival_ns=time.time_ns()
+        )
 
     def tick(self) -> None:
         if self.kmsg is not None:
@@ -102,7 +112,10 @@ class LiteSession:
 
     # -- diagnosis and reports -------------------------------------------------------------
     def conclude(
-        self, exit_code: int | None, exit_signal: int | None, extra_stats: dict[str, int] | None = None
+        self,
+        exit_code: int | None,
+        exit_signal: int | None,
+        extra_stats: dict[str, int] | None = None,
     ) -> Diagnosis:
         self.scanner.close_all()
         self.scanner.apply_stream_defaults()
@@ -116,14 +129,20 @@ class LiteSession:
         if self.kmsg is not None:
             self.kmsg.close()
             if self.kmsg.lost_records:
-                self.notes.append(f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them")
+                self.notes.append(
+                    f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them"
+                )
         stats = self.scanner.stats()
         stats.setdefault("dropped_analysis_bytes", 0)
         stats.update(extra_stats or {})
         self.diagnosis = diagnose(
             DiagnosisInput(
-                evidence=evidence, exit_code=exit_code, exit_signal=exit_signal, stats=stats,
-                explanations=explanations, notes=self.notes,
+                evidence=evidence,
+                exit_code=exit_code,
+                exit_signal=exit_signal,
+                stats=stats,
+                explanations=explanations,
+                notes=self.notes,
             )
         )
         self.write_reports(self.diagnosis)
@@ -158,7 +177,11 @@ def _write_file(path: str, data: bytes) -> None:
 
 
 def _stderr_is_color_tty() -> bool:
-    return sys.stderr.isatty() and os.environ.get("NO_COLOR") is None and os.environ.get("TERM") != "dumb"
+    return (
+        sys.stderr.isatty()
+        and os.environ.get("NO_COLOR") is None
+        and os.environ.get("TERM") != "dumb"
+    )
 
 
 def _terminal_width() -> int:
