@@ -27,6 +27,7 @@ class RulesConfig:
     is_numeric: Any = field(init=False)
     is_overflow: Any = field(init=False)
     is_scheduler: Any = field(init=False)
+    can_explain_failure: Any = field(init=False)
     sigkill_marker: re.Pattern[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -38,6 +39,7 @@ class RulesConfig:
         self.is_numeric = _matcher(r["numeric_categories"])
         self.is_overflow = _matcher(r["overflow_categories"])
         self.is_scheduler = _matcher(r["scheduler_categories"])
+        self.can_explain_failure = _matcher(r["warning_leads"])
         self.sigkill_marker = re.compile("|".join(f"(?:{p})" for p in r["sigkill_markers"]))
 
     def __getitem__(self, key: str) -> Any:

@@ -192,6 +192,20 @@ def symptoms_only(ctx: RuleContext) -> Finding | None:
     return Finding("symptoms_only", root) if root else None
 
 
+def warnings_on_failure(ctx: RuleContext) -> Finding | None:
+    """The job is known to have failed but printed no error line: the earliest warning from
+    a category that can end a job (a thermal slowdown, a hang detector) is the best lead."""
+    if ctx.exit_signal is None and ctx.exit_code in (None, 0):
+        return None
+    leads = [
+        e
+        for e in ctx.evidence
+        if e.severity == "warning" and ctx.config.can_explain_failure(e.category)
+    ]
+    root = _strongest_earliest(leads)
+    return Finding("warnings_on_failure", root) if root else None
+
+
 # Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
 # failure before a cancel is what the user must fix; `numerics` above it because a NaN is
 # what makes the later crash happen.
@@ -204,6 +218,7 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     first_failing_weak,
     exception_fallback,
     symptoms_only,
+    warnings_on_failure,
 )
 
 

@@ -84,6 +84,8 @@ def summarize(
     when = f" at {format_ts(root.event.ts_ns)[11:19]} UTC" if root.event.ts_ns else ""
     title = root.summary or (taxonomy[root.category].title if root.category in taxonomy else "")
     text = f"{title}" + (f" ({place}{when})." if place or when else ".")
+    if diagnosis.root_cause.rule == "warnings_on_failure":
+        text = f"No error line matched; the strongest lead is a warning: {text}"
     symptoms = [
         e
         for e in ctx.failures
