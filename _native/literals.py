@@ -64,10 +64,28 @@ def _run_to_bytes(chars: list[int], ignorecase: bool) -> bytes:
     return data.lower() if ignorecase else data
 
 
+# Words on nearly every line of training output: a prefilter keyed on them rejects nothing,
+# so a shorter but rarer literal of the same pattern is preferred.
+COMMON_WORDS = frozenset(
+    b"loss error rank step info warn warning nccl cuda gpu node the and for with time train "
+    b"epoch iter torch python file line process worker data model info".split()
+)
+
+
+def _score(alternatives: tuple[bytes, ...]) -> tuple[int, int]:
+    def worth(literal: bytes) -> int:
+        word = literal.strip().lower()
+        common = any(word in common_word for common_word in COMMON_WORDS)
+        too_short = len(literal) < 3  # shorter than any prefilter should key on
+        return len(literal) - (8 if common else 0) - (16 if too_short else 0)
+
+    return (min(worth(a) for a in alternatives), -len(alternatives))
+
+
 def _best(candidates: list[tuple[bytes, ...]]) -> tuple[bytes, ...] | None:
     if not candidates:
         return None
-    return max(candidates, key=lambda alts: (min(len(a) for a in alts), -len(alts)))
+    return max(candidates, key=_score)
 
 
 def _items_requirements(items, ignorecase: bool) -> list[tuple[int, tuple[bytes, ...]]]:
@@ -135,7 +153,7 @@ def literal_plan(pattern: str, min_length: int = 1) -> LiteralPlan | None:
     ]
     if not found:
         return None
-    position, alternatives = max(found, key=lambda f: (min(len(a) for a in f[1]), -len(f[1])))
+    position, alternatives = max(found, key=lambda f: _score(f[1]))
     # the earliest acceptable literal decides whether an unbounded repeat comes first
     earliest = min(pos for pos, _ in found)
     return LiteralPlan(

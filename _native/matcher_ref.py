@@ -2,12 +2,11 @@
 
 Semantics: `scan(buf)` returns every (line_index, pattern_index) pair for which
 `re.search(pattern, line)` succeeds, lines split on b"\\n". Correct first: a literal prefilter
-(one alternation of every required literal) picks candidate lines, `re` confirms them.
+(one `bytes.find` pass per required literal) picks candidate lines, `re` confirms them.
 """
 
 from __future__ import annotations
 
-import re
 from bisect import bisect_right
 
 from denpex._native.literals import compile_pattern, literal_plan
@@ -19,25 +18,16 @@ class Matcher:
     def __init__(self, patterns: list[str]) -> None:
         self.patterns = list(patterns)
         self._compiled = [compile_pattern(p) for p in self.patterns]
-        self._literals: list[tuple[tuple[bytes, ...], bool] | None] = []
         self._always: list[int] = []  # patterns without a usable literal: confirmed on every line
-        sensitive: set[bytes] = set()
-        insensitive: set[bytes] = set()
+        # (literal, ignorecase) → the patterns that require it (one of their alternatives)
+        self._by_literal: dict[tuple[bytes, bool], list[int]] = {}
         for index, pattern in enumerate(self.patterns):
             plan = literal_plan(pattern, min_length=1)
             if plan is None:
-                self._literals.append(None)
                 self._always.append(index)
                 continue
-            self._literals.append((plan.alternatives, plan.ignorecase))
-            (insensitive if plan.ignorecase else sensitive).update(plan.alternatives)
-        self._prefilters = [
-            re.compile(
-                b"|".join(re.escape(lit) for lit in sorted(lits, key=len, reverse=True)), flags
-            )
-            for lits, flags in ((sensitive, 0), (insensitive, re.IGNORECASE))
-            if lits
-        ]
+            for literal in plan.alternatives:
+                self._by_literal.setdefault((literal, plan.ignorecase), []).append(index)
 
     def scan(self, buf: bytes) -> list[tuple[int, int]]:
         """Every (line_index, pattern_index) match in `buf`, lines split on b'\\n'."""
@@ -47,31 +37,39 @@ class Matcher:
         """Every (line_index, pattern_index) match over the given lines, in line order."""
         if not lines:
             return []
-        joined = b"\n".join(lines)
-        starts = [0]
-        for line in lines[:-1]:
-            starts.append(starts[-1] + len(line) + 1)
-        candidates: set[int] = set()
-        for prefilter in self._prefilters:
-            for hit in prefilter.finditer(joined):
-                candidates.add(bisect_right(starts, hit.start()) - 1)
-        if self._always:
-            candidates = set(range(len(lines)))
+        candidates = self._candidates(lines)
         pairs: list[tuple[int, int]] = []
         for line_index in sorted(candidates):
             line = lines[line_index]
-            lowered: bytes | None = None
-            for pattern_index, literals in enumerate(self._literals):
-                if literals is not None:
-                    alternatives, ignorecase = literals
-                    if ignorecase:
-                        if lowered is None:
-                            lowered = line.lower()
-                        haystack = lowered
-                    else:
-                        haystack = line
-                    if not any(lit in haystack for lit in alternatives):
-                        continue
-                if self._compiled[pattern_index].search(line):
-                    pairs.append((line_index, pattern_index))
+            search = self._compiled
+            pairs.extend(
+                (line_index, pattern_index)
+                for pattern_index in sorted(candidates[line_index])
+                if search[pattern_index].search(line)
+            )
         return pairs
+
+    def _candidates(self, lines: list[bytes]) -> dict[int, set[int]]:
+        """line index → the patterns one of whose required literals occurs on that line.
+
+        One memmem pass (bytes.find) per distinct literal over the joined lines: far faster
+        than a regex alternation of hundreds of literals, which `re` tries one by one."""
+        candidates: dict[int, set[int]] = {}
+        if self._always:
+            for line_index in range(len(lines)):
+                candidates[line_index] = set(self._always)
+        joined = b"\n".join(lines)
+        lowered = joined.lower() if any(ic for _, ic in self._by_literal) else b""
+        starts = [0]
+        for line in lines[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        end = len(joined)
+        for (literal, ignorecase), pattern_indexes in self._by_literal.items():
+            haystack = lowered if ignorecase else joined
+            position = haystack.find(literal)
+            while position != -1:
+                line_index = bisect_right(starts, position) - 1
+                candidates.setdefault(line_index, set()).update(pattern_indexes)
+                next_line = starts[line_index + 1] if line_index + 1 < len(starts) else end
+                position = haystack.find(literal, next_line)
+        return candidates

@@ -28,14 +28,23 @@ def out(line: str, stream=sys.stdout, pause: float = 0.0) -> None:
 
 def main() -> int:
     err = sys.stderr
-    out(f"{now()} - torch.distributed.run - WARNING - Setting OMP_NUM_THREADS to 1 for each process.")
+    out(
+        f"{now()} - torch.distributed.run - WARNING - Setting OMP_NUM_THREADS to 1 for each process."
+    )
     for rank in range(WORLD):
-        out(f"[rank{rank}]:{HOST}:{4100 + rank}:{4100 + rank} [{rank}] NCCL INFO Bootstrap : Using eth0:10.0.0.11<0>")
-        out(f"[rank{rank}]:{HOST}:{4100 + rank}:{4100 + rank} [{rank}] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.")
+        out(
+            f"[rank{rank}]:{HOST}:{4100 + rank}:{4100 + rank} [{rank}] NCCL INFO Bootstrap : Using eth0:10.0.0.11<0>"
+        )
+        out(
+            f"[rank{rank}]:{HOST}:{4100 + rank}:{4100 + rank} [{rank}] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin."
+        )
     out(f"[rank0]:{HOST}:4100:4100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4")
     for step in range(10, 60, 10):
         loss = 2.9 - step * 0.01
-        out(f"[rank0]:{now()} - train - INFO - step {step:5d} | loss {loss:.4f} | lr 3.0e-04 | 182.4 TFLOP/s", pause=0.05)
+        out(
+            f"[rank0]:{now()} - train - INFO - step {step:5d} | loss {loss:.4f} | lr 3.0e-04 | 182.4 TFLOP/s",
+            pause=0.05,
+        )
     r = FAILING_RANK
     out(f"[rank{r}]:Traceback (most recent call last):", err)
     out(f'[rank{r}]:  File "/workspace/train.py", line 212, in <module>', err)
@@ -58,8 +67,14 @@ def main() -> int:
             "Timeout(ms)=600000) ran for 600038 milliseconds before timing out.",
             err,
         )
-    out(f"{now()} - torch.distributed.elastic.multiprocessing.api - WARNING - Sending process 4100 closing signal SIGTERM", err)
-    out(f"{now()} - torch.distributed.elastic.multiprocessing.api - ERROR - failed (exitcode: 1) local_rank: {r} (pid: {4100 + r}) of binary: /usr/bin/python3", err)
+    out(
+        f"{now()} - torch.distributed.elastic.multiprocessing.api - WARNING - Sending process 4100 closing signal SIGTERM",
+        err,
+    )
+    out(
+        f"{now()} - torch.distributed.elastic.multiprocessing.api - ERROR - failed (exitcode: 1) local_rank: {r} (pid: {4100 + r}) of binary: /usr/bin/python3",
+        err,
+    )
     out("torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", err)
     out("============================================================", err)
     out("train.py FAILED", err)

@@ -17,8 +17,13 @@ from denpex.lite.prefixes import hints_from_path
 from denpex.lite.session import LiteSession, ReportOptions
 
 CORPUS = Path(__file__).parent / "corpus"
-LABELS = yaml.safe_load((CORPUS / "labels.yaml").read_text()) if (CORPUS / "labels.yaml").exists() else []
+LABELS = (
+    yaml.safe_load((CORPUS / "labels.yaml").read_text())
+    if (CORPUS / "labels.yaml").exists()
+    else []
+)
 TARGET = 0.90
+ATTRIBUTION_TARGET = 0.85
 
 
 def diagnose_file(entry: dict) -> dict:
@@ -54,7 +59,9 @@ def test_accuracy(results, validate_diagnosis):
     for entry, diagnosis in results:
         validate_diagnosis(diagnosis)
         got = diagnosis["root_cause"]["category"]
-        ok = got == entry["category"] and diagnosis["status"] == entry.get("status", diagnosis["status"])
+        ok = got == entry["category"] and diagnosis["status"] == entry.get(
+            "status", diagnosis["status"]
+        )
         right += ok
         lines.append(
             f"{'ok ' if ok else 'BAD'} {entry['file']:<44} want {entry['category']:<24} "
@@ -73,11 +80,21 @@ def test_healthy_runs_are_not_failures(results):
 
 
 def test_root_cause_rank_and_host_where_labelled(results):
-    wrong = []
+    """Attribution: where a label names the culprit's host or rank and the category is right,
+    denpex must name the same host/rank (logs that never say which host printed them limit
+    this, hence a threshold below 100 %)."""
+    checked, wrong = 0, []
     for entry, diagnosis in results:
         if diagnosis["root_cause"]["category"] != entry["category"]:
             continue
         for key in ("rank", "host"):
-            if key in entry and diagnosis["root_cause"][key] != entry[key]:
-                wrong.append(f"{entry['file']}: {key} {diagnosis['root_cause'][key]} != {entry[key]}")
-    assert len(wrong) <= len(results) // 10, "\n".join(wrong)
+            if key in entry:
+                checked += 1
+                if diagnosis["root_cause"][key] != entry[key]:
+                    wrong.append(
+                        f"{entry['file']}: {key} {diagnosis['root_cause'][key]} != {entry[key]}"
+                    )
+    print("\n".join(wrong))
+    print(f"attribution: {checked - len(wrong)}/{checked} host/rank values right")
+    assert checked >= 60
+    assert (checked - len(wrong)) / checked >= ATTRIBUTION_TARGET

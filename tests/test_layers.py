@@ -17,7 +17,14 @@ LAYERS = [
     ["denpex.core"],
     ["denpex.catalog"],
     ["denpex.diagnosis"],
-    ["denpex.lite", "denpex.host", "denpex.gpu", "denpex.fabric", "denpex.sdk", "denpex.enterprise"],
+    [
+        "denpex.lite",
+        "denpex.host",
+        "denpex.gpu",
+        "denpex.fabric",
+        "denpex.sdk",
+        "denpex.enterprise",
+    ],
     ["denpex.agent"],
     ["denpex.remediation"],
     ["denpex.control"],
@@ -45,8 +52,12 @@ def source_files() -> list[tuple[str, Path]]:
 
 def imported_modules(path: Path, own_module: str) -> list[tuple[int, str]]:
     if path.suffix == ".pyx":
-        lines = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
-        text = "\n".join(line for line in lines if " cimport " not in line and not line.startswith("cimport"))
+        lines = [
+            line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))
+        ]
+        text = "\n".join(
+            line for line in lines if " cimport " not in line and not line.startswith("cimport")
+        )
     else:
         text = path.read_text()
     tree = ast.parse(text)
@@ -67,8 +78,12 @@ def imported_modules(path: Path, own_module: str) -> list[tuple[int, str]]:
 
 
 def test_every_layer_is_known():
-    top = {p.name for p in (ROOT / "denpex").iterdir() if p.is_dir() and not p.name.startswith("__")}
-    assert {f"denpex.{name}" for name in top} <= set(LEVEL), "add new packages to DESIGN §2 and LAYERS"
+    top = {
+        p.name for p in (ROOT / "denpex").iterdir() if p.is_dir() and not p.name.startswith("__")
+    }
+    assert {f"denpex.{name}" for name in top} <= set(LEVEL), (
+        "add new packages to DESIGN §2 and LAYERS"
+    )
 
 
 @pytest.mark.parametrize("pkg,path", source_files(), ids=lambda v: str(v)[-50:])

@@ -19,12 +19,24 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         "--quiet", "-q", action="store_true", help="do not print the human verdict on stderr"
     )
     color = group.add_mutually_exclusive_group()
-    color.add_argument("--color", dest="color", action="store_true", default=None,
-                       help="colour the verdict even when stderr is not a terminal")
-    color.add_argument("--no-color", dest="color", action="store_false",
-                       help="never colour the verdict (also: NO_COLOR=1)")
+    color.add_argument(
+        "--color",
+        dest="color",
+        action="store_true",
+        default=None,
+        help="colour the verdict even when stderr is not a terminal",
+    )
+    color.add_argument(
+        "--no-color",
+        dest="color",
+        action="store_false",
+        help="never colour the verdict (also: NO_COLOR=1)",
+    )
     parser.add_argument(
-        "--signatures", metavar="DIR", action="append", default=[],
+        "--signatures",
+        metavar="DIR",
+        action="append",
+        default=[],
         help="also load the signature files (*.yaml) under DIR; may repeat",
     )
 
@@ -36,8 +48,11 @@ def report_options(args: argparse.Namespace, *, json_stdout: bool = False) -> Re
             if not os.path.isdir(folder):
                 raise UsageError(f"cannot write {path}: folder {folder} does not exist")
     return ReportOptions(
-        report_path=args.report, html_path=args.html, json_stdout=json_stdout,
-        text=not args.quiet, color=args.color,
+        report_path=args.report,
+        html_path=args.html,
+        json_stdout=json_stdout,
+        text=not args.quiet,
+        color=args.color,
     )
 
 

@@ -19,20 +19,33 @@ keep working), else with pipes (stdout and stderr kept apart); --pty/--no-pty fo
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "run", help="run a training job and diagnose it when it ends",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run",
+        help="run a training job and diagnose it when it ends",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="denpex run [options] -- CMD [ARGS...]",
     )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--pty", dest="pty", action="store_true", default=None,
-                      help="run CMD in a pseudo-terminal even when stdout is not a terminal")
-    mode.add_argument("--no-pty", dest="pty", action="store_false",
-                      help="run CMD with pipes even when stdout is a terminal")
-    parser.add_argument("--no-analysis", action="store_true",
-                        help="only wrap CMD: no matching, no report")
+    mode.add_argument(
+        "--pty",
+        dest="pty",
+        action="store_true",
+        default=None,
+        help="run CMD in a pseudo-terminal even when stdout is not a terminal",
+    )
+    mode.add_argument(
+        "--no-pty",
+        dest="pty",
+        action="store_false",
+        help="run CMD with pipes even when stdout is a terminal",
+    )
+    parser.add_argument(
+        "--no-analysis", action="store_true", help="only wrap CMD: no matching, no report"
+    )
     add_report_options(parser)
-    parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD",
-                        help="the command to run, after --")
+    parser.add_argument(
+        "cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command to run, after --"
+    )
     parser.set_defaults(handler=handle)
 
 

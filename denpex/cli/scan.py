@@ -33,21 +33,36 @@ CHUNK = 1 << 20
 
 def add_parser(commands) -> None:
     parser = commands.add_parser(
-        "scan", help="diagnose existing logs or a piped stream",
-        description=DESCRIPTION, epilog=EPILOG,
+        "scan",
+        help="diagnose existing logs or a piped stream",
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("files", nargs="*", metavar="FILE",
-                        help="log files (globs are expanded); '-' or nothing reads stdin")
-    parser.add_argument("--tee", action="store_true",
-                        help="copy stdin to stdout byte for byte while scanning it")
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help="log files (globs are expanded); '-' or nothing reads stdin",
+    )
+    parser.add_argument(
+        "--tee", action="store_true", help="copy stdin to stdout byte for byte while scanning it"
+    )
     parser.add_argument("--json", action="store_true", help="print the diagnosis JSON on stdout")
-    parser.add_argument("--follow", "-f", action="store_true",
-                        help="keep reading a growing file until interrupted (Ctrl-C)")
+    parser.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep reading a growing file until interrupted (Ctrl-C)",
+    )
     parser.add_argument("--host", help="host name for lines that do not carry one")
     parser.add_argument("--rank", type=int, help="rank for lines that do not carry one")
-    parser.add_argument("--exit-code", type=int, metavar="N",
-                        help="the job's exit status, if known (137 = SIGKILL, 0 = success)")
+    parser.add_argument(
+        "--exit-code",
+        type=int,
+        metavar="N",
+        help="the job's exit status, if known (137 = SIGKILL, 0 = success)",
+    )
     add_report_options(parser)
     parser.set_defaults(handler=handle)
 
@@ -162,7 +177,12 @@ def _print_new_failures(session, already: int) -> int:
     for item in evidence[already:]:
         if item.is_failure and session.options.text:
             where = " ".join(
-                p for p in (item.event.host or "", f"r{item.event.rank}" if item.event.rank is not None else "") if p
+                p
+                for p in (
+                    item.event.host or "",
+                    f"r{item.event.rank}" if item.event.rank is not None else "",
+                )
+                if p
             )
             print(f"denpex: [{item.id}] {item.category} {where}: {item.summary}", file=sys.stderr)
     return len(evidence)

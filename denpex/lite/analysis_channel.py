@@ -38,12 +38,13 @@ from typing import Any
 
 GAP = 1  # record flag: analysis data was dropped just before this record
 ANALYSIS_FAILED = 70  # analyzer exit status when the session raised
+TAIL_BYTES = 64 << 10  # per stream: newest dropped bytes handed to analysis after the run
 
-_U64 = struct.Struct("@Q")  # native and aligned: one 8-byte load/store
 _REC = struct.Struct("=IBBxx")
-_STATS = struct.Struct("@QQQ")
-_W, _PRODUCED, _DONE, _PWAIT = 0, 8, 32, 40  # producer words (_PRODUCED..+24: 3 counters)
-_R, _CSLEEP = 64, 72  # consumer words
+# Header words, as indexes into a memoryview cast to "Q": an item is read or written with one
+# aligned 8-byte access. (Never struct.pack_into here: it zeroes the field before writing it.)
+_W, _PRODUCED, _DROPPED, _DROPPED_CHUNKS, _DONE, _PWAIT = range(6)  # the producer's cache line
+_R, _CSLEEP = 8, 9  # the consumer's cache line
 _DATA = 128
 _HDR = _REC.size
 _SLEEP_S = 0.1
@@ -66,6 +67,33 @@ def _drain(fd: int) -> None:
             pass
 
 
+class _Tail:
+    """The newest bytes of one stream that analysis had to drop (a circular buffer)."""
+
+    __slots__ = ("buf", "filled", "pos")
+
+    def __init__(self, size: int) -> None:
+        self.buf = bytearray(size)
+        self.pos = self.filled = 0
+
+    def keep(self, data: memoryview) -> None:
+        n, size, pos = len(data), len(self.buf), self.pos
+        if n >= size:
+            self.buf[:] = data[n - size :]
+            self.pos, self.filled = 0, size
+            return
+        k = min(n, size - pos)
+        self.buf[pos : pos + k] = data[:k]
+        self.buf[: n - k] = data[k:]
+        self.pos, self.filled = (pos + n) % size, min(size, self.filled + n)
+
+    def take(self) -> bytes:
+        buf, pos = self.buf, self.pos
+        data = bytes(buf[:pos]) if self.filled < len(buf) else bytes(buf[pos:] + buf[:pos])
+        self.pos = self.filled = 0
+        return data
+
+
 class AnalysisRing:
     """Single-producer/single-consumer byte ring in an anonymous shared mapping."""
 
@@ -74,19 +102,21 @@ class AnalysisRing:
         self._mm = mmap.mmap(-1, _DATA + self.capacity)  # MAP_SHARED | MAP_ANONYMOUS
         self._mv = memoryview(self._mm)
         self._data = self._mv[_DATA:]
+        self._words = self._mv[:_DATA].cast("Q")
         flags = os.O_NONBLOCK | os.O_CLOEXEC
         self._notify_r, self._notify_w = os.pipe2(flags)  # producer -> sleeping consumer
         self._space_r, self._space_w = os.pipe2(flags)  # consumer -> waiting producer
         self._w = 0  # producer-private copies of the producer words
         self._produced = self._dropped = self._dropped_chunks = 0
         self._gap = False
+        self._tails: dict[int, _Tail] = {}  # per stream: newest dropped bytes (producer only)
         self._r = 0  # consumer-private copy of read_pos
 
     # ---- producer side: never blocks (except wait_for_space, used only by lossless scans)
     def reserve(self, max_len: int, min_len: int = 1) -> tuple[memoryview, ...] | None:
         """Views of free space for up to max_len payload bytes, or None if < min_len fit."""
         cap = self.capacity
-        free = cap - (self._w - _U64.unpack_from(self._mm, _R)[0]) - _HDR
+        free = cap - (self._w - self._words[_R]) - _HDR
         n = min(max_len, free & ~7)
         if n < min_len or n <= 0:
             return None
@@ -101,26 +131,40 @@ class AnalysisRing:
         mm = self._mm
         _REC.pack_into(mm, _DATA + self._w % self.capacity, n, stream, GAP if self._gap else 0)
         self._gap = False
+        if self._tails and stream in self._tails:
+            self._tails[stream].pos = self._tails[stream].filled = 0  # older than this record
         self._w += _HDR + ((n + 7) & ~7)
         self._produced += n
-        _U64.pack_into(mm, _PRODUCED, self._produced)
-        _U64.pack_into(mm, _W, self._w)
-        if _U64.unpack_from(mm, _CSLEEP)[0]:
+        words = self._words
+        words[_PRODUCED] = self._produced
+        words[_W] = self._w
+        if words[_CSLEEP]:
             _poke(self._notify_w)
 
-    def drop(self, n: int) -> None:
-        """Count n bytes that analysis will not see; the next record carries the gap flag."""
+    def drop(self, n: int, stream: int = 1, data: memoryview | None = None) -> None:
+        """Count n bytes that analysis will not see; the next record carries the gap flag.
+
+        data (the dropped bytes): the newest TAIL_BYTES of them are kept for push_tails()."""
+        if data is not None:
+            tail = self._tails.get(stream)
+            if tail is None:
+                tail = self._tails[stream] = _Tail(TAIL_BYTES)
+            tail.keep(data)
         self._produced += n
         self._dropped += n
         self._dropped_chunks += 1
         self._gap = True
-        _STATS.pack_into(self._mm, _PRODUCED, self._produced, self._dropped, self._dropped_chunks)
+        self._publish_stats()
 
-    def undrop(self, n: int) -> None:
-        """n bytes counted as dropped were pushed after all (the tail after a run)."""
-        self._produced -= n
-        self._dropped -= n
-        _STATS.pack_into(self._mm, _PRODUCED, self._produced, self._dropped, self._dropped_chunks)
+    def push_tails(self, room: Callable[[int], bool]) -> None:
+        """After the last chunk: push the newest dropped bytes of each stream (a failure's last
+        words are at the end) that no later record covers, where room(n) gets space for n."""
+        for stream, tail in self._tails.items():
+            data = tail.take()[-(self.capacity // 4) :]
+            if data and room(len(data)) and self.push(stream, data, gap=True):
+                self._produced -= len(data)  # counted once already, as dropped
+                self._dropped -= len(data)
+        self._publish_stats()
 
     def push(self, stream: int, data: bytes | bytearray | memoryview, gap: bool = False) -> bool:
         """Copy data into the ring (split into records of at most capacity/2); False = dropped.
@@ -147,18 +191,23 @@ class AnalysisRing:
         """Lossless producers only: wait up to timeout for room for nbytes of payload."""
         if self.reserve(nbytes, nbytes) is not None:
             return True
-        _U64.pack_into(self._mm, _PWAIT, 1)
+        self._words[_PWAIT] = 1
         try:
             if self.reserve(nbytes, nbytes) is None:
                 select.select([self._space_r], [], [], timeout)
                 _drain(self._space_r)
         finally:
-            _U64.pack_into(self._mm, _PWAIT, 0)
+            self._words[_PWAIT] = 0
         return self.reserve(nbytes, nbytes) is not None
+
+    def _publish_stats(self) -> None:
+        words = self._words
+        words[_PRODUCED], words[_DROPPED] = self._produced, self._dropped
+        words[_DROPPED_CHUNKS] = self._dropped_chunks
 
     def finish_producer(self) -> None:
         """No more records will come: set producer_done and wake the consumer."""
-        _U64.pack_into(self._mm, _DONE, 1)
+        self._words[_DONE] = 1
         _poke(self._notify_w)
 
     @property
@@ -172,15 +221,16 @@ class AnalysisRing:
     # ---- consumer side
     @property
     def producer_done(self) -> bool:
-        return bool(_U64.unpack_from(self._mm, _DONE)[0])
+        return bool(self._words[_DONE])
 
     def stats(self) -> tuple[int, int, int]:
         """(bytes produced, bytes dropped, chunks dropped) as last published."""
-        return _STATS.unpack_from(self._mm, _PRODUCED)
+        words = self._words
+        return words[_PRODUCED], words[_DROPPED], words[_DROPPED_CHUNKS]
 
     def pop(self) -> tuple[int, bytes, bool] | None:
         """Next record as (stream, payload, gap), or None when the ring is empty."""
-        w = _U64.unpack_from(self._mm, _W)[0]
+        w = self._words[_W]
         r = self._r
         if r == w:
             return None
@@ -201,29 +251,32 @@ class AnalysisRing:
 
     def discard_all(self) -> None:
         """Skip everything published so far (used once analysis has failed)."""
-        self._release(_U64.unpack_from(self._mm, _W)[0])
+        self._release(self._words[_W])
 
     def _release(self, r: int) -> None:
         self._r = r
-        _U64.pack_into(self._mm, _R, r)
-        if _U64.unpack_from(self._mm, _PWAIT)[0]:
+        self._words[_R] = r
+        if self._words[_PWAIT]:
             _poke(self._space_w)
 
     def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> list[int]:
-        """Sleep until data, producer_done, or an extra fd is readable; ≤ timeout seconds."""
-        mm = self._mm
-        _U64.pack_into(mm, _CSLEEP, 1)
+        """Sleep until data is published or an extra fd is readable; ≤ timeout seconds.
+
+        Returns the extra fds that are readable."""
+        words = self._words
+        words[_CSLEEP] = 1
         try:
-            if _U64.unpack_from(mm, _W)[0] != self._r:
+            if words[_W] != self._r:
                 return []
             ready, _, _ = select.select([self._notify_r, *extra_fds], [], [], timeout)
         finally:
-            _U64.pack_into(mm, _CSLEEP, 0)
+            words[_CSLEEP] = 0
         _drain(self._notify_r)
         return [fd for fd in ready if fd != self._notify_r]
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
+            self._words.release()
             self._data.release()
             self._mv.release()
             self._mm.close()
@@ -248,7 +301,8 @@ class Analyzer:
         self.ring = ring
         self.pid = pid
         self._ctl_w = ctl_w
-        self.exit_status: int | None = None
+        self.exit_status: int | None = None  # once reaped: exit code, or 128 + signal
+        self._reaped = False
 
     @classmethod
     def start(cls, session_factory: Callable[[int | None], Any], ring_bytes: int) -> Analyzer:
@@ -278,30 +332,66 @@ class Analyzer:
         """Tell the analyzer the job started (child_pid is also the job's process group)."""
         _send(self._ctl_w, ("start", child_pid))
 
+    def alive(self) -> bool:
+        """Reap the analyzer if it has exited (never waits)."""
+        if self._reaped:
+            return False
+        try:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            done, status = self.pid, -1
+        if not done:
+            return True
+        self._reaped = True
+        if status >= 0:
+            code = os.waitstatus_to_exitcode(status)
+            self.exit_status = code if code >= 0 else 128 - code
+        return False
+
     def abort(self) -> None:
-        """The job never started: let the analyzer exit without a report."""
+        """The job never started (or the relay failed): the analyzer exits without a report."""
         _send(self._ctl_w, ("abort", None))
         self._close_ctl()
-        if _wait_exit(self.pid, 2.0) is None:
+        if not self._wait(2.0):
             self._kill()
 
     def finish(
-        self, result: Any, timeout: float = 60.0, stop: Callable[[], bool] = lambda: False
+        self, result: Any, timeout: float = 60.0, stop: Callable[[], bool] = bool
     ) -> int | None:
         """Mark the ring done, hand over the result, wait for the report; the exit status."""
         self.ring.finish_producer()
         _send(self._ctl_w, ("result", result))
         self._close_ctl()
-        status = _wait_exit(self.pid, timeout, stop)
-        if status is None:
+        if not self._wait(timeout, stop):
             self._kill()
             if not stop():
-                print(
-                    f"denpex: analysis did not finish within {timeout:.0f} s; no report",
-                    file=sys.stderr,
-                )
-        self.exit_status = status
+                _warn(f"analysis did not finish within {timeout:.0f} s; no report")
+            return None
+        status = self.exit_status
+        if status is not None and status > 128 and status != ANALYSIS_FAILED:
+            _warn(f"analysis stopped unexpectedly (signal {status - 128}); no report")
         return status
+
+    def _wait(self, timeout: float, stop: Callable[[], bool] = bool) -> bool:
+        """True once the analyzer has exited (within timeout, unless stop() turns true)."""
+        deadline = time.monotonic() + timeout
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            pidfd = -1
+        try:
+            while self.alive():
+                left = deadline - time.monotonic()
+                if left <= 0 or stop():
+                    return False
+                if pidfd >= 0:
+                    select.select([pidfd], [], [], min(left, _SLEEP_S))
+                else:
+                    time.sleep(min(left, 0.01))
+            return True
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
 
     def _close_ctl(self) -> None:
         if self._ctl_w >= 0:
@@ -311,35 +401,12 @@ class Analyzer:
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        _wait_exit(self.pid, 5.0)
+        self._wait(5.0)
 
 
-def _wait_exit(pid: int, timeout: float, stop: Callable[[], bool] = lambda: False) -> int | None:
-    """Reap pid within timeout seconds; its exit status (128+N for a signal) or None."""
-    deadline = time.monotonic() + timeout
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        pidfd = -1
-    try:
-        while True:
-            try:
-                done, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return None
-            if done:
-                code = os.waitstatus_to_exitcode(status)
-                return code if code >= 0 else 128 - code
-            left = deadline - time.monotonic()
-            if left <= 0 or stop():
-                return None
-            if pidfd >= 0:
-                select.select([pidfd], [], [], min(left, _SLEEP_S))
-            else:
-                time.sleep(min(left, 0.01))
-    finally:
-        if pidfd >= 0:
-            os.close(pidfd)
+def _warn(text: str) -> None:
+    with contextlib.suppress(Exception):
+        print(f"denpex: {text}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------- inside the analyzer process
@@ -429,18 +496,16 @@ def _analyzer_main(
     last_tick = time.monotonic()
     while True:
         done = ring.producer_done
-        if failed:
-            ring.discard_all()
-            record = None
-        else:
-            record = ring.pop()
-        if record is not None:
-            try:
+        record = None
+        try:
+            if failed:
+                ring.discard_all()  # keep draining: the relay's ring must not stay full
+            elif (record := ring.pop()) is not None:
                 session.feed(*record)
-            except Exception as exc:
-                _say_failed(exc)
-                failed = True
-        elif done and "result" in got:
+        except Exception as exc:  # the session's, or RingCorrupt
+            _say_failed(exc)
+            failed = True
+        if record is None and done and "result" in got:
             break
         now = time.monotonic()
         if not failed and now - last_tick >= _TICK_S:

@@ -10,6 +10,7 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import select
 import signal
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from denpex.lite.analysis_channel import ANALYSIS_FAILED, Analyzer
+from denpex.lite.analysis_channel import Analyzer
 from denpex.lite.child_env import child_environ
 
 FORWARDED = (
@@ -37,7 +38,6 @@ FORWARDED = (
 _CHUNK = 1 << 20  # largest read; pipes are enlarged to match
 _MIN_RESERVE = 64 << 10  # below this much free ring space the chunk is dropped from analysis
 _QUIET_S = 0.5  # after the child exits, stop once its output was quiet this long
-_TAIL = 64 << 10  # per stream: the newest dropped bytes, handed to analysis after the run
 _COALESCE = 256 << 10  # a greedy (PTY) pump gathers up to this much into one write
 _PR_SET_PDEATHSIG = 1
 _IN, _OUT, _HUP = select.POLLIN, select.POLLOUT, select.POLLHUP | select.POLLERR
@@ -71,25 +71,12 @@ SessionFactory = Callable[[int | None], AnalysisSession]
 _libc: ctypes.CDLL | None = None
 
 
-def _pipe_size() -> int:
-    try:
-        with open("/proc/sys/fs/pipe-max-size") as f:
-            return min(_CHUNK, int(f.read()))
-    except (OSError, ValueError):
-        return 64 << 10
-
-
 def _pipe() -> tuple[int, int]:
-    r, w = os.pipe()  # non-inheritable
-    with contextlib.suppress(OSError):
-        import fcntl
-
-        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _pipe_size())
+    """A pipe (non-inheritable) whose buffer is as large as allowed, up to one chunk."""
+    r, w = os.pipe()
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/fs/pipe-max-size") as f:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, min(_CHUNK, int(f.read())))
     return r, w
-
-
-def _nonblocking(fd: int) -> None:
-    os.set_blocking(fd, False)
 
 
 def _fd_valid(fd: int) -> bool:
@@ -129,37 +116,6 @@ def _write_all(fd: int, view: memoryview) -> None:
             select.select([], [fd], [])
 
 
-class _Tail:
-    """The newest bytes of one stream that analysis had to drop (a circular buffer)."""
-
-    __slots__ = ("buf", "filled", "pos")
-
-    def __init__(self) -> None:
-        self.buf = bytearray(_TAIL)
-        self.pos = self.filled = 0
-
-    def keep(self, data: memoryview) -> None:
-        n, size = len(data), len(self.buf)
-        if n >= size:
-            self.buf[:] = data[n - size :]
-            self.pos, self.filled = 0, size
-            return
-        end = self.pos + n
-        if end <= size:
-            self.buf[self.pos : end] = data
-        else:
-            k = size - self.pos
-            self.buf[self.pos :] = data[:k]
-            self.buf[: n - k] = data[k:]
-        self.pos, self.filled = end % size, min(size, self.filled + n)
-
-    def take(self) -> bytes:
-        buf, pos = self.buf, self.pos
-        data = bytes(buf[:pos]) if self.filled < len(buf) else bytes(buf[pos:] + buf[:pos])
-        self.pos = self.filled = 0
-        return data
-
-
 def _skip(buf: tuple[memoryview, ...], got: int) -> tuple[memoryview, ...]:
     first = buf[0]
     if got < len(first):
@@ -170,13 +126,15 @@ def _skip(buf: tuple[memoryview, ...], got: int) -> tuple[memoryview, ...]:
 class _Relay:
     """Moves output from a source fd to a destination fd, reading straight into the ring."""
 
-    def __init__(self, analyzer: Analyzer | None, *, lossless: bool = False) -> None:
+    def __init__(
+        self, analyzer: Analyzer | None, *, lossless: bool = False, stop: Callable[[], bool] = bool
+    ) -> None:
         self.analyzer = analyzer
+        self.stop = stop  # true once waiting for the report should end (Ctrl-C)
         self.ring = analyzer.ring if analyzer is not None else None
         self.lossless = lossless
         self._spare = (memoryview(bytearray(_CHUNK)),)
         self._min = min(_MIN_RESERVE, self.ring.capacity // 4) if self.ring is not None else 0
-        self._tails: dict[int, _Tail] = {}
         self.total = 0
         self.broken: set[int] = set()  # destinations that failed (EPIPE, EBADF)
 
@@ -211,12 +169,8 @@ class _Relay:
             return 0 if ended else -1
         if views is not None:
             ring.commit(stream, got)  # type: ignore[union-attr]
-            tail = self._tails.get(stream)
-            if tail is not None:
-                tail.pos = tail.filled = 0  # older than what analysis now gets: never resend
         elif ring is not None:
-            ring.drop(got)
-            self._tails.setdefault(stream, _Tail()).keep(buf[0][:got])
+            ring.drop(got, stream, buf[0][:got])
         self.total += got
         if dest >= 0 and dest not in self.broken:
             self._write(dest, buf, got)
@@ -238,29 +192,25 @@ class _Relay:
         ring, analyzer = self.ring, self.analyzer
         assert ring is not None and analyzer is not None
         while not ring.wait_for_space(n, 0.1):
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(analyzer.pid, os.WNOHANG)[0]:  # analyzer gone: stop waiting
-                    analyzer.exit_status = ANALYSIS_FAILED
-                    self.lossless = False
-                    return False
+            if not analyzer.alive():  # the analyzer is gone: stop waiting for it
+                self.lossless = False
+                return False
             if deadline is not None and time.monotonic() > deadline:
                 return False
         return True
 
-    def rescue_tail(self, timeout: float = 2.0) -> None:
-        """After the run: give analysis the newest output it had to drop (where a failure's
-        last words are), waiting at most timeout for room. The job has ended: nothing waits."""
-        ring = self.ring
-        if ring is None:
-            return
-        deadline = time.monotonic() + timeout
-        for stream, tail in self._tails.items():
-            if not tail.filled:
-                continue
-            data = tail.take()[-(ring.capacity // 4) :]
-            if self._room(len(data), deadline):
-                ring.push(stream, data, gap=True)
-                ring.undrop(len(data))
+    def conclude(self, result: RunResult) -> RunResult:
+        """After the run: hand analysis the newest output it had to drop (a failure's last
+        words; waits ≤ 2 s for room, nothing else waits now), then the result; wait for the
+        report."""
+        analyzer = self.analyzer
+        if analyzer is not None:
+            deadline = time.monotonic() + 2.0
+            analyzer.ring.push_tails(lambda n: self._room(n, deadline))
+            result.bytes_dropped = analyzer.ring.dropped_bytes
+            result.chunks_dropped = analyzer.ring.dropped_chunks
+            result.analysis_status = analyzer.finish(result, stop=self.stop)
+        return result
 
 
 class _RawStdin:
@@ -433,8 +383,6 @@ def _preexec(controlling_tty: bool) -> Callable[[], None]:
 
     def preexec() -> None:  # in the child, after setsid/setpgid, before exec
         if controlling_tty:
-            import fcntl
-
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # denpex died before prctl took effect
@@ -477,7 +425,7 @@ def _spawn_pipes(argv: list[str], env: dict[str, str], raw: _RawStdin, stdin_ok:
                 os.close(fd)
     for fd in (out_r, err_r, in_w):
         if fd >= 0:
-            _nonblocking(fd)
+            os.set_blocking(fd, False)
     return _Child(proc, {out_r: (1, 1), err_r: (2, 2)}, _StdinPump(in_w, False, b"", raw))
 
 
@@ -504,7 +452,7 @@ def _spawn_pty(argv: list[str], env: dict[str, str], raw: _RawStdin, stdin_ok: b
         raise
     finally:
         os.close(slave)
-    _nonblocking(master)
+    os.set_blocking(master, False)
     stdin = _StdinPump(master if stdin_ok else -1, True, veof, raw)
     return _Child(proc, {master: (1, 1)}, stdin, master)
 
@@ -517,6 +465,7 @@ def _relay_child(child: _Child, relay: _Relay, sig: _Signals) -> int:
     pid = child.proc.pid
     status: int | None = None
     quiet_until = 0.0
+    ended: list[int] = []
     while True:
         want: dict[int, int] = {fd: _IN for fd in sources}
         if sig.wake_r >= 0:
@@ -555,11 +504,14 @@ def _relay_child(child: _Child, relay: _Relay, sig: _Signals) -> int:
                 n = relay.pump(fd, dest, stream, greedy=child.master >= 0)
                 if n > 0:
                     quiet_until = time.monotonic() + _QUIET_S
-                if n == 0 or dest in relay.broken:  # end, or nobody reads our side any more
-                    del sources[fd]
-                    if fd == child.master:
+                if n == 0:  # end of output; a PTY master stays open until the child is
+                    del sources[fd]  # reaped: closing it hangs up the terminal (SIGHUP), and
+                    ended.append(fd)  # the child may still be between close() and exit()
+                elif dest in relay.broken:  # nobody reads our side any more: like script(1),
+                    del sources[fd]  # close ours, so a pipe writer gets SIGPIPE and a PTY
+                    if fd == child.master:  # session SIGHUP
                         stdin.dst = -1
-                    os.close(fd)  # a pipe writer now gets SIGPIPE, like writing to ours
+                    os.close(fd)
             if fd == 0 and stdin.reading and ev & (_IN | _HUP):
                 stdin.on_readable()
             if fd == stdin.dst and ev & (_OUT | _HUP) and stdin.pending:
@@ -571,7 +523,7 @@ def _relay_child(child: _Child, relay: _Relay, sig: _Signals) -> int:
                 child.proc.returncode = os.waitstatus_to_exitcode(wstatus)
                 sig.child_gone = True
                 quiet_until = time.monotonic() + _QUIET_S
-    for fd in sources:
+    for fd in [*sources, *ended]:
         os.close(fd)
     stdin.close()
     return status
@@ -600,10 +552,10 @@ def run_command(
     placeholders = _hold_std_fds()  # a closed 0/1/2 must not be reused by our own pipes
     analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None
     raw = _RawStdin(use_pty)
-    relay = _Relay(analyzer)
     finished = False
     try:
         with _Signals(use_pty, raw) as sig:
+            relay = _Relay(analyzer, stop=lambda: sig.stop_requested)
             started = time.monotonic()
             try:
                 child = (_spawn_pty if use_pty else _spawn_pipes)(argv, env, raw, stdin_ok)
@@ -627,17 +579,14 @@ def run_command(
                 exit_signal=-code if code < 0 else None,
                 status=code if code >= 0 else 128 - code,
                 bytes_total=relay.total,
-                bytes_dropped=analyzer.ring.dropped_bytes if analyzer else 0,
-                chunks_dropped=analyzer.ring.dropped_chunks if analyzer else 0,
+                bytes_dropped=0,
+                chunks_dropped=0,
                 duration_s=time.monotonic() - started,
                 child_pid=child.proc.pid,
             )
-            if analyzer is not None:
-                relay.rescue_tail()
-                result.bytes_dropped = analyzer.ring.dropped_bytes
-                analyzer.finish(result, stop=lambda: sig.stop_requested)
-                finished = True
-            return result.status
+            status = relay.conclude(result).status
+            finished = True
+            return status
     finally:
         if analyzer is not None:
             if not finished:
@@ -654,8 +603,9 @@ def tee_stream(
     session_factory: SessionFactory | None,
     ring_bytes: int = 8 << 20,
 ) -> RunResult:
-    """Copy in_fd to out_fd byte-exactly until EOF while analysing it (out_fd None: analyse
-    only; then nothing is dropped: the reader waits for the analyzer instead)."""
+    """Copy in_fd to out_fd byte-exactly until EOF while analysing it. out_fd None: analyse
+    only, and drop nothing (reading waits for the analyzer instead). If out_fd's reader goes
+    away, copying stops but analysis goes on to EOF."""
     analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None
     relay = _Relay(analyzer, lossless=out_fd is None)
     dest = -1 if out_fd is None else out_fd
@@ -667,21 +617,9 @@ def tee_stream(
         while n := relay.pump(in_fd, dest, 1):
             if n < 0:  # a non-blocking descriptor: wait for it
                 select.select([in_fd], [], [])
-        result = RunResult(
-            exit_code=None,
-            exit_signal=None,
-            status=0,
-            bytes_total=relay.total,
-            bytes_dropped=analyzer.ring.dropped_bytes if analyzer else 0,
-            chunks_dropped=analyzer.ring.dropped_chunks if analyzer else 0,
-            duration_s=time.monotonic() - started,
-            child_pid=None,
-        )
-        if analyzer is not None:
-            relay.rescue_tail()
-            result.bytes_dropped = analyzer.ring.dropped_bytes
-            result.analysis_status = analyzer.finish(result)
-            finished = True
+        result = RunResult(None, None, 0, relay.total, 0, 0, time.monotonic() - started, None)
+        relay.conclude(result)
+        finished = True
         return result
     finally:
         if analyzer is not None:

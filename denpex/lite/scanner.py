@@ -231,21 +231,25 @@ class Scanner:
         """Attribute evidence that lacks a host or rank: a GPU's PCI address → the rank NCCL
         put on it, a rank → the host torchrun's summary names, else the one host/rank its
         stream consistently shows."""
-        gpus_by_bus: dict[int, set[int]] = {}
-        for (_, bus), rank in self.rank_of_gpu.items():
-            gpus_by_bus.setdefault(bus, set()).add(rank)
+        gpus_by_bus: dict[int, set[tuple[str | None, int]]] = {}
+        for (gpu_host, bus), rank in self.rank_of_gpu.items():
+            gpus_by_bus.setdefault(bus, set()).add((gpu_host, rank))
         for evidence in self.evidence:
             event = evidence.event
             if event.rank is None and "pci" in evidence.captures:
                 bus = pci_bus_id(evidence.captures["pci"])
                 rank = self.rank_of_gpu.get((event.host, bus))
                 if rank is None and len(gpus_by_bus.get(bus, ())) == 1:
-                    rank = next(iter(gpus_by_bus[bus]))
+                    gpu_host, rank = next(iter(gpus_by_bus[bus]))
+                    event.host = event.host or gpu_host
                 event.rank = rank
             if event.host is None and event.rank is not None:
                 event.host = self.host_of_rank.get(event.rank)
+        # a job whose summaries and NCCL lines name one host ran on that host alone
+        named_hosts = {*self.host_of_rank.values(), *(h for h, _ in self.rank_of_gpu if h)}
+        only_host = _single(dict.fromkeys(named_hosts))
         for state in self.streams.values():
-            host = state.host or _single(state.hosts_seen)
+            host = state.host or _single(state.hosts_seen) or only_host
             rank = state.rank if state.rank is not None else _single(state.ranks_seen)
             if host is None and rank is None:
                 continue

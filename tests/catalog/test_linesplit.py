@@ -9,7 +9,9 @@ from hypothesis import strategies as st
 from denpex import _native
 from denpex._native import linesplit_ref
 
-chunks = st.lists(st.binary(max_size=64).map(lambda b: b.replace(b"a", b"\n").replace(b"b", b"\r")), max_size=12)
+chunks = st.lists(
+    st.binary(max_size=64).map(lambda b: b.replace(b"a", b"\n").replace(b"b", b"\r")), max_size=12
+)
 
 
 def run(cls, cap, parts):

@@ -18,8 +18,21 @@ PATTERNS = [
     r"[0-9]{2}zz",  # literal 'zz' is shorter than the catalog minimum: still handled
     r"(?:ab)?c",  # no usable literal at all: confirmed on every line
 ]
-ALPHABET = [b"NVRM: Xid (PCI:0000:3b:00): 79", b"CUDA out of memory", b"BuS ErRoR", b"abc12def",
-            b"42zz", b"c", b"\n", b"\r", b"\x00", b"\xff", b" ", b"x", b"OutOfMemoryError"]
+ALPHABET = [
+    b"NVRM: Xid (PCI:0000:3b:00): 79",
+    b"CUDA out of memory",
+    b"BuS ErRoR",
+    b"abc12def",
+    b"42zz",
+    b"c",
+    b"\n",
+    b"\r",
+    b"\x00",
+    b"\xff",
+    b" ",
+    b"x",
+    b"OutOfMemoryError",
+]
 
 
 def naive(patterns: list[str], buf: bytes) -> list[tuple[int, int]]:
@@ -43,7 +56,9 @@ def test_scan_lines_equals_scan():
     seed = 20261130
     print("seed", seed)
     rng = random.Random(seed)
-    lines = [b"".join(rng.choice(ALPHABET).replace(b"\n", b"") for _ in range(5)) for _ in range(300)]
+    lines = [
+        b"".join(rng.choice(ALPHABET).replace(b"\n", b"") for _ in range(5)) for _ in range(300)
+    ]
     m = Matcher(PATTERNS)
     assert m.scan_lines(lines) == m.scan(b"\n".join(lines))
     assert m.scan_lines([]) == []

@@ -17,17 +17,23 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "failing_job.py"
 
 
-def denpex_run(*args: str, cwd: Path | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+def denpex_run(
+    *args: str, cwd: Path | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "denpex", "run", *args], capture_output=True, cwd=cwd, timeout=timeout,
+        [sys.executable, "-m", "denpex", "run", *args],
+        capture_output=True,
+        cwd=cwd,
+        timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
 
 
 def test_example_job_is_diagnosed_with_reports(tmp_path, validate_diagnosis):
     report, html = tmp_path / "diag.json", tmp_path / "diag.html"
-    result = denpex_run("--no-pty", "--report", str(report), "--html", str(html), "--",
-                        sys.executable, str(EXAMPLE))
+    result = denpex_run(
+        "--no-pty", "--report", str(report), "--html", str(html), "--", sys.executable, str(EXAMPLE)
+    )
     assert result.returncode == 1  # the job's own status
     assert b"train.py FAILED" in result.stderr  # the job's output passed through
     assert b"root cause: cuda.oom" in result.stderr
@@ -44,7 +50,9 @@ def test_example_job_is_diagnosed_with_reports(tmp_path, validate_diagnosis):
 
 def test_successful_job_reports_ok(tmp_path, validate_diagnosis):
     report = tmp_path / "ok.json"
-    script = "print('NCCL INFO NET/Plugin: Could not find: libnccl-net.so'); print('step 1 loss 2.0')"
+    script = (
+        "print('NCCL INFO NET/Plugin: Could not find: libnccl-net.so'); print('step 1 loss 2.0')"
+    )
     result = denpex_run("--no-pty", "--report", str(report), "--", sys.executable, "-c", script)
     assert result.returncode == 0
     data = json.loads(report.read_text())
@@ -54,7 +62,9 @@ def test_successful_job_reports_ok(tmp_path, validate_diagnosis):
 
 def test_killed_job_reports_the_signal(tmp_path, validate_diagnosis):
     report = tmp_path / "k.json"
-    result = denpex_run("--no-pty", "-q", "--report", str(report), "--", "sh", "-c", "kill -TERM $$")
+    result = denpex_run(
+        "--no-pty", "-q", "--report", str(report), "--", "sh", "-c", "kill -TERM $$"
+    )
     assert result.returncode == 128 + 15
     data = json.loads(report.read_text())
     validate_diagnosis(data)
@@ -71,7 +81,9 @@ def test_usage_errors():
 
 
 def test_no_analysis_only_wraps():
-    result = denpex_run("--no-analysis", "--", sys.executable, "-c", "import sys; print('x'); sys.exit(3)")
+    result = denpex_run(
+        "--no-analysis", "--", sys.executable, "-c", "import sys; print('x'); sys.exit(3)"
+    )
     assert (result.returncode, result.stdout, result.stderr) == (3, b"x\n", b"")
 
 
@@ -123,7 +135,7 @@ def test_cgroup_oom_kill_is_diagnosed_from_the_wrapper_alone(tmp_path, validate_
         hog = "b = bytearray(2 << 30); print('never')"
         launcher = (
             f"echo $$ > {cgroup}/cgroup.procs && exec {sys.executable} -m denpex run --no-pty -q "
-            f"--report {report} -- {sys.executable} -c \"{hog}\""
+            f'--report {report} -- {sys.executable} -c "{hog}"'
         )
         result = subprocess.run(["sh", "-c", launcher], capture_output=True, timeout=120, cwd=ROOT)
         assert result.returncode == 137, result.stderr

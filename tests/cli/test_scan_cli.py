@@ -24,9 +24,15 @@ step 100 | loss 2.31
 """
 
 
-def denpex(*args: str, stdin: bytes | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def denpex(
+    *args: str, stdin: bytes | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "denpex", *args], input=stdin, capture_output=True, cwd=cwd, timeout=120
+        [sys.executable, "-m", "denpex", *args],
+        input=stdin,
+        capture_output=True,
+        cwd=cwd,
+        timeout=120,
     )
 
 
@@ -48,7 +54,9 @@ def test_json_validates_and_names_the_first_failing_rank(logs, validate_diagnosi
     assert data["root_cause"]["category"] == "cuda.oom"
     assert data["root_cause"]["rank"] == 3
     assert data["root_cause"]["host"] == "node1"  # from the folder name
-    assert any(c["role"] == "symptom" and c["category"] == "nccl.timeout" for c in data["contributing"])
+    assert any(
+        c["role"] == "symptom" and c["category"] == "nccl.timeout" for c in data["contributing"]
+    )
 
 
 def test_glob_of_mixed_sources_puts_hardware_first(logs, validate_diagnosis):
@@ -71,12 +79,23 @@ def test_healthy_log_exits_0(logs, validate_diagnosis):
 
 
 def test_stdin_and_overrides(validate_diagnosis):
-    result = denpex("scan", "--json", "--host", "gpu-07", "--rank", "5", "-q",
-                    stdin=b"RuntimeError: CUDA error: an illegal memory access was encountered\n")
+    result = denpex(
+        "scan",
+        "--json",
+        "--host",
+        "gpu-07",
+        "--rank",
+        "5",
+        "-q",
+        stdin=b"RuntimeError: CUDA error: an illegal memory access was encountered\n",
+    )
     data = json.loads(result.stdout)
     validate_diagnosis(data)
-    assert (data["root_cause"]["category"], data["root_cause"]["host"], data["root_cause"]["rank"]) == (
-        "cuda.illegal_address", "gpu-07", 5)
+    assert (
+        data["root_cause"]["category"],
+        data["root_cause"]["host"],
+        data["root_cause"]["rank"],
+    ) == ("cuda.illegal_address", "gpu-07", 5)
 
 
 def test_exit_code_zero_means_no_root_cause(logs):
@@ -87,7 +106,15 @@ def test_exit_code_zero_means_no_root_cause(logs):
 
 def test_reports_are_written(logs, validate_diagnosis):
     report, html = logs / "d.json", logs / "d.html"
-    result = denpex("scan", "-q", "--report", str(report), "--html", str(html), str(logs / "node1" / "rank0.log"))
+    result = denpex(
+        "scan",
+        "-q",
+        "--report",
+        str(report),
+        "--html",
+        str(html),
+        str(logs / "node1" / "rank0.log"),
+    )
     assert result.returncode == 1
     validate_diagnosis(json.loads(report.read_text()))
     page = html.read_text()

@@ -24,11 +24,20 @@ def make_evidence(items: list[list]) -> list[Evidence]:
         event = Event(
             body=body[0] if body else f"{category} line {index}",
             ts_ns=None if t is None else BASE_NS + int(t * 1e9),
-            host=host, rank=rank, source=source, seq=index,
+            host=host,
+            rank=rank,
+            source=source,
+            seq=index,
         )
         evidence.append(
-            Evidence(id=f"e{index}", event=event, signature=f"{category}.test",
-                     category=category, severity=severity, summary=f"{category} happened")
+            Evidence(
+                id=f"e{index}",
+                event=event,
+                signature=f"{category}.test",
+                category=category,
+                severity=severity,
+                summary=f"{category} happened",
+            )
         )
     return evidence
 
@@ -36,8 +45,11 @@ def make_evidence(items: list[list]) -> list[Evidence]:
 def run_case(case: dict):
     exit_ = case.get("exit") or {}
     return diagnose(
-        DiagnosisInput(make_evidence(case["evidence"]), exit_code=exit_.get("code"),
-                       exit_signal=exit_.get("signal"))
+        DiagnosisInput(
+            make_evidence(case["evidence"]),
+            exit_code=exit_.get("code"),
+            exit_signal=exit_.get("signal"),
+        )
     )
 
 
@@ -72,8 +84,14 @@ def test_symptoms_are_marked_and_confidence_is_bounded():
 
 def test_competing_cause_lowers_confidence():
     alone = run_case({"evidence": [["cuda.oom", "error", "n1", 3, 5, "log"]]})
-    rival = run_case({"evidence": [["cuda.oom", "error", "n1", 3, 5, "log"],
-                                   ["cuda.illegal_address", "error", "n2", 7, 6, "log"]]})
+    rival = run_case(
+        {
+            "evidence": [
+                ["cuda.oom", "error", "n1", 3, 5, "log"],
+                ["cuda.illegal_address", "error", "n2", 7, 6, "log"],
+            ]
+        }
+    )
     assert rival.root_cause.confidence < alone.root_cause.confidence
 
 
@@ -96,13 +114,19 @@ def test_actions_follow_the_root_signature():
     evidence[0].action = "drain_node"
     diagnosis = diagnose(DiagnosisInput(evidence, exit_code=1))
     assert [(a.action, a.target) for a in diagnosis.actions] == [
-        ("drain_node", "node2"), ("run_diagnostics", "node2")
+        ("drain_node", "node2"),
+        ("run_diagnostics", "node2"),
     ]
 
 
 def test_thresholds_come_from_data():
     config = load_rules()
     assert config["overflow_repeat"] >= 2
-    many = [["train.grad_overflow", "warning", "n", 0, t, "log"] for t in range(config["overflow_repeat"])]
-    ctx = RuleContext(make_evidence([*many, ["app.exception", "error", "n", 0, 99, "log"]]), 1, None, config)
+    many = [
+        ["train.grad_overflow", "warning", "n", 0, t, "log"]
+        for t in range(config["overflow_repeat"])
+    ]
+    ctx = RuleContext(
+        make_evidence([*many, ["app.exception", "error", "n", 0, 99, "log"]]), 1, None, config
+    )
     assert RULES[2](ctx).rule == "numerics"

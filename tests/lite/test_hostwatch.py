@@ -39,7 +39,11 @@ def test_cgroup_oom_kill_during_the_run_is_evidence(tmp_path, version):
         (folder / "memory.events").write_text("low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\n")
     evidence = watch.finish("e7", "node1")
     assert evidence is not None
-    assert (evidence.id, evidence.category, evidence.event.host) == ("e7", "host.oom_killed", "node1")
+    assert (evidence.id, evidence.category, evidence.event.host) == (
+        "e7",
+        "host.oom_killed",
+        "node1",
+    )
     assert "oom_kill" in evidence.event.body and version in evidence.event.body
 
 
@@ -56,7 +60,9 @@ def test_unreadable_kmsg_says_why(tmp_path):
     assert watch.poll() == []
 
 
-@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs a writable /dev/kmsg (root)")
+@pytest.mark.skipif(
+    not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs a writable /dev/kmsg (root)"
+)
 def test_kmsg_sees_records_written_after_open():
     watch = KmsgWatch()
     assert watch.open()

@@ -304,7 +304,7 @@ def test_closed_stdin_gives_the_child_dev_null() -> None:
 def test_stdin_eof_in_pty_mode_is_veof() -> None:
     res = run_pty(launch("pty", ["cat"]), stdin_data=b"hello\nworld")
     assert res.rc == 0
-    assert res.output.count(b"hello\r\n") == 2 and b"worldworld" in res.output
+    assert res.output.count(b"hello\r\n") == 2 and res.output.count(b"world") == 2
 
 
 def test_interactive_typing_in_pty_mode() -> None:
@@ -354,12 +354,25 @@ def test_slow_analysis_never_slows_or_alters_output(tmp_path: Path) -> None:
     proc = run(launch("pipe", [*CHILD, "timed-writer", str(n), str(timing)], session="count",
                       out=report, ring=256 << 10, delay=0.05))  # fmt: skip
     assert proc.returncode == 0
-    assert proc.stdout == b"0123456789abcdef" * (n // 16)
+    assert proc.stdout == b"0123456789abcdef" * (n // 16) + b"tail\n"
     assert float(timing.read_text()) < 3.0  # 32 MiB at 64 KiB per 50 ms would take 25 s
     doc = json.loads(report.read_text())
     res = doc["result"]
     assert res["bytes_dropped"] > 0 and res["chunks_dropped"] > 0 and doc["gaps"] > 0
-    assert doc["bytes"]["1"] + res["bytes_dropped"] == n == res["bytes_total"]
+    assert doc["bytes"]["1"] + res["bytes_dropped"] == n + 5 == res["bytes_total"]
+
+
+@pytest.mark.parametrize("mode", ["pipe", "pty"])
+def test_analysis_gets_the_last_words_even_when_behind(tmp_path: Path, mode: str) -> None:
+    report, n = tmp_path / "a.json", 16 << 20
+    proc = run(launch(mode, [*CHILD, "burst", str(n)], session="count", out=report,
+                      ring=256 << 10, delay=0.02))  # fmt: skip
+    assert proc.returncode == 3
+    if mode == "pipe":
+        assert proc.stdout == b"0123456789abcdef" * (n // 16) + b"FINAL-MARKER\n"
+    doc = json.loads(report.read_text())
+    assert doc["result"]["bytes_dropped"] > 0 and doc["gaps"] > 0
+    assert doc["last"].endswith("FINAL-MARKER\n" if mode == "pipe" else "FINAL-MARKER\r\n")
 
 
 def test_analysis_ticks_while_the_child_runs(tmp_path: Path) -> None:
@@ -373,9 +386,19 @@ def test_analysis_ticks_while_the_child_runs(tmp_path: Path) -> None:
 def test_failing_analysis_keeps_output_and_status(session: str) -> None:
     proc = run(launch("pipe", ["sh", "-c", "echo out; echo err >&2; exit 3"], session=session))
     assert (proc.returncode, proc.stdout) == (3, b"out\n")
-    lines = proc.stderr.decode().splitlines()
-    assert lines[0] == "err" and len(lines) == 2
-    assert lines[1].startswith("denpex: analysis failed: RuntimeError: ")
+    lines = sorted(proc.stderr.decode().splitlines())
+    assert len(lines) == 2 and lines[1] == "err"
+    assert lines[0].startswith("denpex: analysis failed: RuntimeError: ")
+
+
+def test_dead_analyzer_changes_nothing() -> None:
+    data = payload(13, 4 << 20)
+    proc = run(launch("pipe", ["sh", "-c", "cat; exit 6"], session="crash", ring=64 << 10),
+               input=data, stdin=None)  # fmt: skip
+    assert proc.returncode == 6 and sha(proc.stdout) == sha(data)
+    assert proc.stderr == b"denpex: analysis stopped unexpectedly (signal 9); no report\n"
+    proc = run(launch("scan", [], session="crash", ring=64 << 10), input=data, stdin=None)
+    assert (proc.returncode, proc.stdout) == (0, b"")  # a lossless scan does not wait forever
 
 
 def test_tee_copies_byte_exactly(tmp_path: Path) -> None:

@@ -80,7 +80,15 @@ def main(argv: list[str]) -> None:
             write_all(1, block)
         with open(path, "w") as f:
             f.write(str(time.monotonic() - start))
+        time.sleep(0.5)  # then one more line, after analysis had time to catch up
+        write_all(1, b"tail\n")
         os._exit(0)
+    if cmd == "burst":  # N: writes N bytes, then its last words, and exits at once
+        block = b"0123456789abcdef" * 4096
+        for _ in range(int(args[0]) // len(block)):
+            write_all(1, block)
+        write_all(1, b"FINAL-MARKER\n")
+        os._exit(3)
     if cmd == "env":
         sys.stdout.write(json.dumps(dict(os.environ)))
         return

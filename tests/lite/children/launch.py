@@ -11,6 +11,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
+import signal
 import sys
 import time
 
@@ -28,6 +30,7 @@ class CountSession:
         self.sha = {1: hashlib.sha256(), 2: hashlib.sha256()}
         self.gaps = 0
         self.ticks = 0
+        self.last = b""
 
     def feed(self, stream: int, data: bytes, gap: bool) -> None:
         if self.delay:
@@ -35,6 +38,7 @@ class CountSession:
         self.bytes[stream] += len(data)
         self.sha[stream].update(data)
         self.gaps += gap
+        self.last = (self.last + data)[-64:]
 
     def tick(self) -> None:
         self.ticks += 1
@@ -45,6 +49,7 @@ class CountSession:
             "bytes": self.bytes,
             "sha": {k: v.hexdigest() for k, v in self.sha.items()},
             "gaps": self.gaps,
+            "last": self.last.decode("latin-1"),
             "ticks": self.ticks,
             "result": dataclasses.asdict(result),
         }
@@ -57,10 +62,19 @@ class FailingSession(CountSession):
         raise RuntimeError("boom in feed")
 
 
+class CrashingSession(CountSession):
+    """The analyzer process dies outright (as if the OOM killer took it)."""
+
+    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["pipe", "pty", "auto", "tee", "scan"])
-    parser.add_argument("--session", default="none", choices=["none", "count", "fail", "broken"])
+    parser.add_argument(
+        "--session", default="none", choices=["none", "count", "fail", "broken", "crash"]
+    )
     parser.add_argument("--out", default="")
     parser.add_argument("--ring", type=int, default=8 << 20)
     parser.add_argument("--delay", type=float, default=0.0)
@@ -72,7 +86,7 @@ def main() -> int:
     def factory(child_pid: int | None) -> CountSession:
         if args.session == "broken":
             raise RuntimeError("cannot build the session")
-        cls = FailingSession if args.session == "fail" else CountSession
+        cls = {"fail": FailingSession, "crash": CrashingSession}.get(args.session, CountSession)
         return cls(child_pid, args.out, args.delay)
 
     session_factory = None if args.session == "none" else factory
@@ -81,9 +95,7 @@ def main() -> int:
         result = tee_stream(0, out_fd, session_factory=session_factory, ring_bytes=args.ring)
         return result.status
     use_pty = {"pipe": False, "pty": True, "auto": None}[args.mode]
-    return run_command(
-        cmd, use_pty=use_pty, session_factory=session_factory, ring_bytes=args.ring
-    )
+    return run_command(cmd, use_pty=use_pty, session_factory=session_factory, ring_bytes=args.ring)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,195 @@
+"""Benchmark: `denpex run` pass-through of a command writing a large log, against cat/script.
+
+Measures, in the same run, the median of N runs of each pipeline and prints JSON with MB/s and
+the ratios to the baselines (targets: pipes >= 0.9x a cat relay, PTY >= 1.0x script(1)).
+It must never report a number it did not measure in this run.
+
+Two rates per pipeline: `passthrough` (bytes / time from the first to the last byte reaching
+the final reader: what the wrapper does to a job's output) and `wall` (start of the pipeline
+to its end, including denpex's start-up, the analysis backlog and the report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The final reader of every pipeline: records when the first and the last byte arrived.
+SINK = r"""
+import json, os, sys, time
+buf = bytearray(1 << 20)
+n, first, last = 0, None, None
+while True:
+    k = os.readv(0, [buf])
+    if not k:
+        break
+    last = time.monotonic()
+    first = last if first is None else first
+    n += k
+json.dump({"bytes": n, "first": first, "last": last}, open(sys.argv[1], "w"))
+"""
+
+# Used only while denpex.cli is not importable: run_command with a minimal analysis session.
+FALLBACK = r"""
+import sys
+from denpex.lite.runner import run_command
+
+class Lines:
+    def __init__(self, pid):
+        self.lines = 0
+    def feed(self, stream, data, gap):
+        self.lines += len(data.splitlines())
+    def tick(self):
+        pass
+    def finish(self, result):
+        with open(sys.argv[1], "w") as f:
+            f.write('{"stats": {"dropped_analysis_bytes": %d}}' % result.bytes_dropped)
+
+use_pty = sys.argv[2] == "pty"
+sys.exit(run_command(sys.argv[3:], use_pty=use_pty, session_factory=Lines))
+"""
+
+
+def make_log(path: Path, size: int, seed: int = 1) -> None:
+    """Training-log-like text: rank-prefixed step lines, NCCL chatter, progress bars with CR."""
+    rnd = random.Random(seed)
+    lines = []
+    for step in range(100_000):
+        k = rnd.random()
+        if k < 0.7:
+            lines.append(
+                f"[rank{rnd.randrange(8)}]:[2026-11-30 05:{rnd.randrange(60):02d}:"
+                f"{rnd.randrange(60):02d},{rnd.randrange(1000):03d}] INFO train.py:412 "
+                f"step {step}/100000 loss={rnd.uniform(1, 4):.4f} lr=3.0e-04 "
+                f"grad_norm={rnd.uniform(0, 3):.3f} tokens/s={rnd.randrange(100000, 200000)}\n"
+            )
+        elif k < 0.85:
+            lines.append(
+                f"node{rnd.randrange(16)}:{rnd.randrange(9999)}:{rnd.randrange(9999)} "
+                f"[{rnd.randrange(8)}] NCCL INFO Channel {rnd.randrange(32):02d}/0 : "
+                f"{rnd.randrange(8)}[{rnd.randrange(8)}] -> {rnd.randrange(8)}[0] via P2P/IPC\n"
+            )
+        else:
+            bar = "#" * rnd.randrange(40)
+            lines.append(f"Epoch {rnd.randrange(10)}: {rnd.randrange(100)}%|{bar:<40}| ")
+            lines.append(f"{rnd.randrange(5000)}/5000 [00:12<00:34, {rnd.uniform(1, 9):.2f}it/s]\r")
+    block = "".join(lines).encode()
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        left = size
+        while left > 0:
+            f.write(block[:left])
+            left -= len(block)
+    tmp.rename(path)
+
+
+def timed(pipeline: str, sink_out: Path, env: dict[str, str]) -> dict[str, float]:
+    start = time.monotonic()
+    subprocess.run(["bash", "-c", f"set -o pipefail; {pipeline}"], check=True, env=env)
+    wall = time.monotonic() - start
+    got = json.loads(sink_out.read_text())
+    return {"bytes": got["bytes"], "passthrough_s": got["last"] - got["first"], "wall_s": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the log file lives")
+    parser.add_argument("--skip-pty", action="store_true")
+    args = parser.parse_args()
+
+    size = args.size_mb << 20
+    log = Path(args.dir) / f"denpex-bench-passthrough-{args.size_mb}mb.log"
+    if not log.exists() or log.stat().st_size != size:
+        make_log(log, size)
+    work = Path(tempfile.mkdtemp(prefix="denpex-bench-"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    py = shlex.quote(sys.executable)
+    f = shlex.quote(str(log))
+    sink_py, fallback_py = work / "sink.py", work / "fallback.py"
+    sink_py.write_text(SINK)
+    fallback_py.write_text(FALLBACK)
+    out, report = work / "sink.json", work / "report.json"
+    sink = f"{py} {sink_py} {out}"
+    try:
+        import denpex.cli.main
+
+        cli = True
+    except ImportError:
+        cli = False
+
+    def denpex(mode: str, analysis: bool = True) -> str:
+        if not analysis:  # the wrapper alone: shows what the analysis backlog adds to wall time
+            return f"{py} -m denpex run --{mode} --no-analysis -- cat {f}"
+        if cli:
+            return f"{py} -m denpex run --{mode} --quiet --report {report} -- cat {f} 2>/dev/null"
+        return f"{py} {fallback_py} {report} {mode.removeprefix('no-')} cat {f}"
+
+    pipelines = {
+        "pipe_baseline": f"cat {f} | cat | {sink}",
+        "pipe_denpex": f"{denpex('no-pty')} | {sink}",
+    }
+    if cli:
+        pipelines["pipe_denpex_no_analysis"] = f"{denpex('no-pty', analysis=False)} | {sink}"
+    if not args.skip_pty and shutil.which("script"):
+        pipelines["pty_baseline"] = (
+            f"script -qfec {shlex.quote('cat ' + str(log))} /dev/null | {sink}"
+        )
+        pipelines["pty_denpex"] = f"{denpex('pty')} | {sink}"
+    subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in pipelines}
+    dropped: dict[str, list[int]] = {"pipe_denpex": [], "pty_denpex": []}
+    for _ in range(args.runs):  # interleaved, so drift hits every pipeline alike
+        for name, pipeline in pipelines.items():
+            samples[name].append(timed(pipeline, out, env))
+            if name in dropped:
+                stats = json.loads(report.read_text()).get("stats", {})
+                dropped[name].append(stats.get("dropped_analysis_bytes", -1))
+    result: dict[str, object] = {
+        "size_mb": args.size_mb,
+        "runs": args.runs,
+        "denpex": "cli (python -m denpex run)" if cli else "runner with a line-splitting session",
+    }
+    for name, runs in samples.items():
+        mb = runs[0]["bytes"] / 1e6
+        result[name] = {
+            "passthrough_mb_s": round(mb / statistics.median(r["passthrough_s"] for r in runs), 1),
+            "wall_mb_s": round(mb / statistics.median(r["wall_s"] for r in runs), 1),
+            "wall_s": round(statistics.median(r["wall_s"] for r in runs), 3),
+        }
+        if name in dropped:
+            result[name]["dropped_analysis_bytes"] = int(statistics.median(dropped[name]))  # type: ignore[index]
+    for kind, ours_name in (
+        ("pipe", "pipe_denpex"),
+        ("pty", "pty_denpex"),
+        ("pipe", "pipe_denpex_no_analysis"),
+    ):
+        if ours_name in result:
+            base, ours = result[f"{kind}_baseline"], result[ours_name]
+            suffix = ours_name.removeprefix(f"{kind}_denpex")
+            for metric in ("passthrough_mb_s", "wall_mb_s"):
+                ratio = ours[metric] / base[metric]  # type: ignore[index]
+                result[f"{kind}{suffix}_ratio_{metric.removesuffix('_mb_s')}"] = round(ratio, 3)
+    result["targets"] = {"pipe_ratio_passthrough": 0.9, "pty_ratio_passthrough": 1.0}
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

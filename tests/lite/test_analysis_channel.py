@@ -1,0 +1,315 @@
+"""The analysis ring and the analyzer process: a model-checked ring, real fork, real pipes.
+
+The producer side must never block; the consumer must see records exactly as pushed (or a gap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from denpex.lite.analysis_channel import ANALYSIS_FAILED, AnalysisRing, Analyzer
+
+HDR = 8
+
+
+def record_size(n: int) -> int:
+    return HDR + ((n + 7) & ~7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    capacity=st.sampled_from([4096, 4104, 5000, 8192]),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.integers(0, 2048), st.sampled_from([1, 2])),
+            st.tuples(st.just("pop"), st.integers(1, 5), st.just(0)),
+        ),
+        max_size=120,
+    ),
+)
+def test_ring_matches_a_queue_model(capacity: int, ops: list[tuple[str, int, int]]) -> None:
+    ring = AnalysisRing(capacity)
+    cap = ring.capacity
+    model: deque[tuple[int, bytes, bool]] = deque()
+    used, gap, counter = 0, False, 0
+    dropped_bytes = dropped_chunks = 0
+    try:
+        for op, arg, stream in ops:
+            if op == "push":
+                if arg == 0:
+                    continue  # nothing to send
+                data = bytes((counter + i) % 251 for i in range(arg))
+                counter += 1
+                fits = used + record_size(arg) <= cap
+                assert ring.push(stream, data) is fits
+                if fits:
+                    model.append((stream, data, gap))
+                    used += record_size(arg)
+                    gap = False
+                else:
+                    gap = True
+                    dropped_bytes += arg
+                    dropped_chunks += 1
+            else:
+                for _ in range(arg):
+                    got = ring.pop()
+                    if not model:
+                        assert got is None
+                        break
+                    want = model.popleft()
+                    assert got == want
+                    used -= record_size(len(want[1]))
+        assert ring.dropped_bytes == dropped_bytes and ring.dropped_chunks == dropped_chunks
+        assert ring.stats()[1:] == (dropped_bytes, dropped_chunks)
+        while model:
+            assert ring.pop() == model.popleft()
+        assert ring.pop() is None
+    finally:
+        ring.close()
+
+
+def test_zero_copy_reserve_wraps_into_two_views() -> None:
+    ring = AnalysisRing(4096)
+    try:
+        for size in (2040, 1016):  # two records: 2048 + 1024 bytes of the 4096
+            assert ring.push(1, b"a" * size)
+            assert ring.pop() == (1, b"a" * size, False)
+        views = ring.reserve(2000, 1)
+        assert views is not None and len(views) == 2  # payload starts at 3080, wraps at 4096
+        assert len(views[0]) == 4096 - 3080
+        data = bytes(range(256)) * 8
+        first = len(views[0])
+        views[0][:] = data[:first]
+        views[1][: 2000 - first] = data[first:2000]
+        ring.commit(2, 2000)
+        assert ring.pop() == (2, data[:2000], False)
+    finally:
+        ring.close()
+
+
+def test_large_push_is_split_into_records() -> None:
+    ring = AnalysisRing(4096)
+    try:
+        data = os.urandom(3000)
+        assert ring.push(1, data)
+        first, second = ring.pop(), ring.pop()
+        assert first is not None and second is not None
+        assert first[1] + second[1] == data and len(first[1]) == 2048
+    finally:
+        ring.close()
+
+
+def test_gap_flag_marks_the_record_after_a_drop() -> None:
+    ring = AnalysisRing(4096)
+    try:
+        assert ring.push(1, b"x" * 2048)
+        assert not ring.push(1, b"y" * 2048)  # no room: dropped
+        assert ring.pop() == (1, b"x" * 2048, False)
+        assert ring.push(2, b"z")
+        assert ring.pop() == (2, b"z", True)
+        assert ring.stats() == (2048 * 2 + 1, 2048, 1)
+    finally:
+        ring.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 40000), min_size=1, max_size=12),
+    committed_after=st.integers(0, 12),
+)
+def test_tail_of_dropped_bytes_reaches_analysis(sizes: list[int], committed_after: int) -> None:
+    ring = AnalysisRing(1 << 20)
+    try:
+        dropped = b""
+        for i, n in enumerate(sizes):
+            data = bytes((i * 7 + j) % 256 for j in range(n))
+            if i == committed_after:  # a record after drops: what came before is never resent
+                assert ring.push(1, b"kept")
+                dropped = b""
+            ring.drop(n, 1, memoryview(data))
+            dropped += data
+        total_dropped = ring.dropped_bytes
+        records = []
+        ring.push_tails(lambda n: True)
+        while (rec := ring.pop()) is not None:
+            records.append(rec)
+        tail = dropped[-(64 << 10) :]
+        assert records[-1] == (1, tail, True)
+        assert ring.dropped_bytes == total_dropped - len(tail)
+    finally:
+        ring.close()
+
+
+def test_producer_never_blocks_without_a_consumer() -> None:
+    ring = AnalysisRing(64 << 10)
+    try:
+        chunk = b"q" * 1024
+        start = time.monotonic()
+        results = [ring.push(1, chunk) for _ in range(20000)]
+        assert time.monotonic() - start < 2.0
+        assert results.count(True) == (64 << 10) // (1024 + HDR)
+        assert ring.dropped_chunks == results.count(False)
+    finally:
+        ring.close()
+
+
+def test_concurrent_producer_and_consumer_agree(tmp_path: Path) -> None:
+    """A forked consumer checks every record while the producer pushes flat out (1 s)."""
+    seed = 424242
+    print("seed", seed)
+    ring = AnalysisRing(1 << 20)
+    verdict = tmp_path / "verdict"
+    pid = os.fork()
+    if pid == 0:  # consumer: records carry their sequence number; a skipped one needs a gap
+        text, expect, seen = "ok", 0, 0
+        try:
+            while True:
+                rec = ring.pop()
+                if rec is None:
+                    if ring.producer_done and ring.pop() is None:
+                        break
+                    ring.wait(0.05)
+                    continue
+                stream, data, gap = rec
+                seq = int.from_bytes(data[:8], "little")
+                if data != data[:8] * (len(data) // 8) or stream != 1 + seq % 2:
+                    text = f"bad payload in record {seq}"
+                    break
+                if (seq != expect and not gap) or seq < expect:
+                    text = f"record {seq} after {expect - 1} without a gap"
+                    break
+                expect, seen = seq + 1, seen + 1
+            verdict.write_text(f"{text} {seen}")
+        finally:
+            os._exit(0)
+    rnd = random.Random(seed)
+    seq = pushed = 0
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        size = 8 * rnd.choice([1, 16, 512, 8192, rnd.randrange(1, 60000)])
+        pushed += ring.push(1 + seq % 2, seq.to_bytes(8, "little") * (size // 8))
+        seq += 1
+    ring.finish_producer()
+    os.waitpid(pid, 0)
+    text, seen = verdict.read_text().rsplit(" ", 1)
+    ring.close()
+    assert text == "ok" and int(seen) == pushed > 1000
+
+
+class HashSession:
+    """Hashes what it is fed; finish() writes the digest, counts and the result to a file."""
+
+    def __init__(self, child_pid: int | None, out: Path, finish_delay: float = 0.0) -> None:
+        self.out, self.finish_delay = out, finish_delay
+        self.child_pid = child_pid
+        self.sha = hashlib.sha256()
+        self.n = self.gaps = self.ticks = 0
+
+    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+        self.sha.update(data)
+        self.n += len(data)
+        self.gaps += gap
+
+    def tick(self) -> None:
+        self.ticks += 1
+
+    def finish(self, result: object) -> int:
+        time.sleep(self.finish_delay)
+        doc = {"sha": self.sha.hexdigest(), "n": self.n, "gaps": self.gaps, "ticks": self.ticks,
+               "pid": self.child_pid, "result": result}  # fmt: skip
+        self.out.write_text(json.dumps(doc))
+        return 5
+
+
+def test_analyzer_receives_every_byte_across_fork(tmp_path: Path) -> None:
+    seed = 20261130
+    print("seed", seed)
+    rnd = random.Random(seed)
+    out = tmp_path / "a.json"
+    analyzer = Analyzer.start(lambda pid: HashSession(pid, out), 64 << 10)
+    want = hashlib.sha256()
+    try:
+        analyzer.begin(4242)
+        ring, total = analyzer.ring, 0
+        for _ in range(400):
+            data = rnd.randbytes(rnd.randrange(1, 30000))
+            while not ring.wait_for_space(len(data), 1.0):
+                pass
+            assert ring.push(1, data)
+            want.update(data)
+            total += len(data)
+        assert analyzer.finish({"total": total}, timeout=30) == 5
+    finally:
+        analyzer.ring.close()
+    doc = json.loads(out.read_text())
+    assert doc == {"sha": want.hexdigest(), "n": total, "gaps": 0, "ticks": doc["ticks"],
+                   "pid": 4242, "result": {"total": total}}  # fmt: skip
+
+
+def test_analyzer_ticks_while_idle(tmp_path: Path) -> None:
+    out = tmp_path / "a.json"
+    analyzer = Analyzer.start(lambda pid: HashSession(pid, out), 1 << 16)
+    try:
+        analyzer.begin(None)
+        time.sleep(0.7)
+        assert analyzer.finish(None) == 5
+    finally:
+        analyzer.ring.close()
+    assert json.loads(out.read_text())["ticks"] >= 2
+
+
+def test_analyzer_that_does_not_finish_is_killed(tmp_path: Path, capfd) -> None:
+    out = tmp_path / "a.json"
+    analyzer = Analyzer.start(lambda pid: HashSession(pid, out, finish_delay=30), 1 << 16)
+    try:
+        analyzer.begin(None)
+        start = time.monotonic()
+        assert analyzer.finish(None, timeout=0.5) is None
+        assert time.monotonic() - start < 5
+    finally:
+        analyzer.ring.close()
+    assert "analysis did not finish within" in capfd.readouterr().err
+    with pytest.raises(ChildProcessError):
+        os.waitpid(analyzer.pid, os.WNOHANG)  # killed and reaped
+
+
+def test_failing_session_factory_is_one_line_and_status_70(capfd) -> None:
+    def factory(pid: int | None) -> HashSession:
+        raise ValueError("no catalog\nsecond line")
+
+    analyzer = Analyzer.start(factory, 1 << 16)
+    try:
+        analyzer.begin(None)
+        assert analyzer.ring.push(1, b"data")
+        assert analyzer.finish(None) == ANALYSIS_FAILED
+    finally:
+        analyzer.ring.close()
+    err = capfd.readouterr().err
+    assert err == "denpex: analysis failed: ValueError: no catalog second line\n"
+
+
+def test_abort_never_builds_a_session(tmp_path: Path) -> None:
+    marker = tmp_path / "built"
+
+    def factory(pid: int | None) -> HashSession:
+        marker.write_text("built")
+        return HashSession(pid, tmp_path / "a.json")
+
+    analyzer = Analyzer.start(factory, 1 << 16)
+    try:
+        analyzer.abort()
+    finally:
+        analyzer.ring.close()
+    assert not marker.exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(analyzer.pid, os.WNOHANG)
