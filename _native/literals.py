@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass
 
 try:  # Python ≥ 3.11
-    from re import _constants as sre_c
-    from re import _parser as sre_parse
+    from re import _constants as sre_c  # type: ignore[attr-defined]
+    from re import _parser as sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - older Pythons
     import sre_constants as sre_c  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]

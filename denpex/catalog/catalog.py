@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
 
-from denpex import _native
+import denpex._native as native
 from denpex.catalog.loader import load_signatures
 from denpex.catalog.schema import Signature
 
@@ -29,7 +29,7 @@ class Catalog:
     def __init__(self, signatures: list[Signature], matcher_module: ModuleType | None = None):
         self.signatures = signatures
         self.by_id = {s.id: s for s in signatures}
-        module = matcher_module or _native.load("matcher")
+        module = matcher_module or native.load("matcher")
         self.backend = "reference" if module.__name__.endswith("_ref") else "native"
         self._matcher = module.Matcher([s.pattern for s in signatures])
 

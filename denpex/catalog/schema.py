@@ -194,14 +194,14 @@ def validate_entry(
     if errors:
         return None, errors
     signature = Signature(
-        id=sig_id,
-        category=category,
+        id=str(sig_id),
+        category=str(category),
         severity=data["severity"],
-        regex=regex,
-        summary=summary,
+        regex=str(regex),
+        summary=str(summary),
         action=data["action"],
         explain=data["explain"].strip(),
-        refs=list(refs),
+        refs=list(refs or []),
         examples_match=list(match or []),
         examples_no_match=list(no_match or []),
         sources=tuple(sources),

@@ -51,16 +51,16 @@ def version_text(verbose: bool) -> str:
     if verbose:
         import platform
 
-        from denpex import _native
+        import denpex._native as native
         from denpex.catalog import load_catalog
 
         catalog = load_catalog()
         lines.append(f"python {platform.python_version()} ({sys.executable})")
         lines.append(f"frozen: {'yes' if getattr(sys, 'frozen', False) else 'no'}")
-        for name in (*_native.NATIVE_MODULES, "matcher"):
-            lines.append(f"{name}: {_native.backend(name)}")
+        for name in (*native.NATIVE_MODULES, "matcher"):
+            lines.append(f"{name}: {native.backend(name)}")
         lines.append(f"signatures: {len(catalog)}")
-        if _native.extensions_disabled():
+        if native.extensions_disabled():
             lines.append("DENPEX_NO_EXTENSIONS=1: compiled modules disabled")
     return "\n".join(lines)
 

@@ -202,7 +202,9 @@ def _scan_stdin(args, session, exit_code, exit_signal) -> int:
         return _TeeSession(session, exit_code, exit_signal)
 
     result = tee_stream(0, 1, session_factory=factory)
-    return result.analysis_status if getattr(result, "analysis_status", None) is not None else 0
+    if result.analysis_status not in (0, 1):
+        return 2  # the analysis itself failed; it said why on stderr
+    return result.analysis_status
 
 
 class _TeeSession:
@@ -219,6 +221,8 @@ class _TeeSession:
     def tick(self) -> None:
         pass
 
-    def finish(self, result) -> None:
+    def finish(self, result) -> int:
+        """Returns the exit status `denpex scan` must end with (0 ok, 1 failure found)."""
         stats = {"dropped_analysis_bytes": int(result.bytes_dropped)}
-        self.session.conclude(self.exit_code, self.exit_signal, stats)
+        diagnosis = self.session.conclude(self.exit_code, self.exit_signal, stats)
+        return 1 if diagnosis.status == "failed" else 0

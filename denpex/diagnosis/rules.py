@@ -67,6 +67,10 @@ def part_of_root_traceback(item: Evidence, root: Evidence, max_lines: int) -> bo
     )
 
 
+def _found(rule: str, root: Evidence | None, note: str = "") -> Finding | None:
+    return Finding(rule, root, note) if root is not None else None
+
+
 def _strongest_earliest(items: list[Evidence]) -> Evidence | None:
     if not items:
         return None
@@ -102,7 +106,7 @@ def oom_killer(ctx: RuleContext) -> Finding | None:
     kills = [e for e in ctx.failures if ctx.config.is_oom(e.category)]
     if not kills or not ctx.killed_by_sigkill:
         return None
-    return Finding("oom_killer", earliest(kills), note="sigkill")
+    return _found("oom_killer", earliest(kills), note="sigkill")
 
 
 def numerics(ctx: RuleContext) -> Finding | None:
@@ -121,11 +125,11 @@ def numerics(ctx: RuleContext) -> Finding | None:
         if cfg.is_numeric(e.category) and severity_rank(e.severity) >= 1 and early(e)
     ]
     if numeric:
-        return Finding("numerics", earliest(numeric))
+        return _found("numerics", earliest(numeric))
     overflow = [e for e in ctx.evidence if cfg.is_overflow(e.category) and early(e)]
     if len(overflow) >= int(cfg["overflow_repeat"]) or any(e.is_failure for e in overflow):
         hard = [e for e in overflow if e.is_failure]
-        return Finding("numerics", earliest(hard) or earliest(overflow), note="overflow")
+        return _found("numerics", earliest(hard) or earliest(overflow), note="overflow")
     return None
 
 
@@ -156,7 +160,7 @@ def first_failing_rank(ctx: RuleContext) -> Finding | None:
 def scheduler(ctx: RuleContext) -> Finding | None:
     """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow."""
     ended = [e for e in ctx.failures if ctx.config.is_scheduler(e.category)]
-    return Finding("scheduler", earliest(ended)) if ended else None
+    return _found("scheduler", earliest(ended))
 
 
 def _before_teardown(ctx: RuleContext, items: list[Evidence]) -> list[Evidence]:
@@ -244,7 +248,8 @@ def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
             for e in ctx.evidence
             if severity_rank(e.severity) >= 1 and _explains(ctx, e, finding.root)
         ]
-        if not causes:
+        cause = _strongest_earliest(causes)
+        if cause is None:
             break
-        finding = Finding("cause_explains_effect", _strongest_earliest(causes))
+        finding = Finding("cause_explains_effect", cause)
     return finding

@@ -81,7 +81,8 @@ def summarize(
         ).strip()
 
     place = where(root)
-    when = f" at {format_ts(root.event.ts_ns)[11:19]} UTC" if root.event.ts_ns else ""
+    stamp = format_ts(root.event.ts_ns)
+    when = f" at {stamp[11:19]} UTC" if stamp else ""
     title = root.summary or (taxonomy[root.category].title if root.category in taxonomy else "")
     text = f"{title}" + (f" ({place}{when})." if place or when else ".")
     if diagnosis.root_cause.rule == "warnings_on_failure":

@@ -130,9 +130,9 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
             return True
         found = _DMESG_T.match(body)
         if found and found.group(1) in (m.encode() for m in _MONTHS):
-            mon, day, hh, mm, ss, year = found.groups()
+            mon, day, hh, mm, ss, yy = found.groups()
             dt = datetime(
-                int(year), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+                int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
             )
             out.ts_ns, out.source, out.body = _to_ns(dt), "kmsg", body[found.end() :]
             return True
@@ -162,10 +162,10 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
     if out.ts_ns is None:
         found = _ISO.match(body)
         if found:
-            year, mon, day, hh, mm, ss, frac, offset = found.groups()
+            yy, mon, day, hh, mm, ss, frac, offset = found.groups()
             try:
                 dt = datetime(
-                    int(year), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset)
+                    int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset)
                 )
             except ValueError:
                 return False

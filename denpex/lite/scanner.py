@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
-from denpex import _native
+import denpex._native as native
 from denpex.catalog import Catalog
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence
@@ -53,7 +54,7 @@ class StreamState:
     """Per input stream (a file, the child's stdout, stdin): partial line and defaults."""
 
     name: str
-    splitter: object
+    splitter: Any  # a LineSplitter, native or reference
     host: str | None = None
     rank: int | None = None
     last_ts_ns: int | None = None
@@ -78,7 +79,7 @@ class Scanner:
         self.rank_of_gpu: dict[tuple[str | None, int], int] = {}  # (host, bus id) → rank
         self.host_of_rank: dict[int, str] = {}
         self._seq = 0
-        self._splitter_cls = _native.load("linesplit").LineSplitter
+        self._splitter_cls = native.load("linesplit").LineSplitter
 
     # -- input ---------------------------------------------------------------------------
     def stream(
@@ -232,17 +233,16 @@ class Scanner:
         put on it, a rank → the host torchrun's summary names, else the one host/rank its
         stream consistently shows."""
         gpus_by_bus: dict[int, set[tuple[str | None, int]]] = {}
-        for (gpu_host, bus), rank in self.rank_of_gpu.items():
-            gpus_by_bus.setdefault(bus, set()).add((gpu_host, rank))
+        for (gpu_host, bus), gpu_rank in self.rank_of_gpu.items():
+            gpus_by_bus.setdefault(bus, set()).add((gpu_host, gpu_rank))
         for evidence in self.evidence:
             event = evidence.event
-            if event.rank is None and "pci" in evidence.captures:
-                bus = pci_bus_id(evidence.captures["pci"])
-                rank = self.rank_of_gpu.get((event.host, bus))
-                if rank is None and len(gpus_by_bus.get(bus, ())) == 1:
-                    gpu_host, rank = next(iter(gpus_by_bus[bus]))
+            gpu_bus = pci_bus_id(evidence.captures.get("pci", ""))
+            if event.rank is None and gpu_bus is not None:
+                event.rank = self.rank_of_gpu.get((event.host, gpu_bus))
+                if event.rank is None and len(gpus_by_bus.get(gpu_bus, ())) == 1:
+                    gpu_host, event.rank = next(iter(gpus_by_bus[gpu_bus]))
                     event.host = event.host or gpu_host
-                event.rank = rank
             if event.host is None and event.rank is not None:
                 event.host = self.host_of_rank.get(event.rank)
         # a job whose summaries and NCCL lines name one host ran on that host alone
@@ -286,5 +286,5 @@ def _int(text: str | None) -> int | None:
     return int(text) if text and text.isdigit() else None
 
 
-def _single(counts: dict) -> object | None:
+def _single(counts: dict) -> Any:
     return next(iter(counts)) if len(counts) == 1 else None

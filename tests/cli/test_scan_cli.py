@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +152,45 @@ def test_version_verbose_names_backends():
     text = result.stdout.decode()
     assert result.returncode == 0
     assert "linesplit:" in text and "matcher:" in text and "signatures:" in text
+
+
+def test_tee_copies_bytes_exactly_and_diagnoses(validate_diagnosis, tmp_path):
+    stream = OOM_RANK3.encode() + b"\x00\xff progress\r 50%\r100%\n" * 100
+    report = tmp_path / "tee.json"
+    result = denpex("scan", "--tee", "-q", "--report", str(report), stdin=stream)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == stream
+    data = json.loads(report.read_text())
+    validate_diagnosis(data)
+    assert data["root_cause"]["category"] == "cuda.oom"
+
+
+def test_tee_of_a_healthy_stream_exits_0():
+    result = denpex("scan", "--tee", "-q", stdin=HEALTHY.encode())
+    assert (result.returncode, result.stdout) == (0, HEALTHY.encode())
+
+
+def test_follow_reports_failures_as_they_appear(tmp_path):
+    log = tmp_path / "grow.log"
+    log.write_text("step 1 loss 2.0\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "denpex", "scan", "--follow", "--no-color", str(log)],
+        stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+    )
+    try:
+        import time
+
+        time.sleep(1.0)
+        with log.open("a") as handle:
+            handle.write("RuntimeError: CUDA error: an illegal memory access was encountered\n")
+        deadline = time.monotonic() + 20
+        seen = b""
+        os.set_blocking(proc.stderr.fileno(), False)
+        while time.monotonic() < deadline and b"cuda.illegal_address" not in seen:
+            time.sleep(0.2)
+            seen += proc.stderr.read() or b""
+        assert b"cuda.illegal_address" in seen
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 1
