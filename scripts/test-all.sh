@@ -33,6 +33,7 @@ echo "== backends"
 echo "== lint"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
+"$PYTHON" -m mypy denpex _native
 echo "== catalog"
 "$PYTHON" -m denpex.catalog.check
 echo "== tests (compiled extensions)"

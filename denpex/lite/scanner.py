@@ -141,7 +141,13 @@ class Scanner:
             return parsed_cache[index]
 
         self._learn_attribution(lines, parsed_at)
+        seen: set[tuple[int, str]] = set()
         for match in self.catalog.match_lines(lines):
+            # one line is one piece of evidence per category, however many variants match it
+            key = (match.line_index, match.signature.category)
+            if key in seen:
+                continue
+            seen.add(key)
             parsed = parsed_at(match.line_index)
             if parsed.ts_ns is None and arrival_ns is not None:
                 parsed.ts_ns = arrival_ns

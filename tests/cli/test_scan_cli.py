@@ -175,7 +175,8 @@ def test_follow_reports_failures_as_they_appear(tmp_path):
     log.write_text("step 1 loss 2.0\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "denpex", "scan", "--follow", "--no-color", str(log)],
-        stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
         import time

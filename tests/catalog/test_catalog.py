@@ -1,0 +1,154 @@
+"""The shipped catalog and its loader: every entry valid, every example agrees with the
+matcher, and a broken catalog is reported entirely, each problem with file:line."""
+
+from __future__ import annotations
+
+import textwrap
+from collections import Counter
+
+import pytest
+
+from denpex.catalog import Catalog, CatalogError, load_catalog, load_signatures
+from denpex.core import load_taxonomy
+
+GOOD = """\
+- id: gpu.fallen_off_bus.test_xid79
+  category: gpu.fallen_off_bus
+  severity: critical
+  sources: [kmsg, log]
+  regex: 'NVRM: Xid \\(PCI:(?P<pci>[0-9a-fA-F:.]{1,16})\\): 79\\b'
+  summary: "GPU {pci} fell off the bus"
+  action: drain_node
+  explain: "The GPU dropped off PCIe. Drain the node."
+  refs: ["https://docs.nvidia.com/deploy/xid-errors/"]
+  examples:
+    match: ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1"]
+    no_match: ["NVRM: Xid (PCI:0000:3b:00): 13, pid=1"]
+"""
+
+
+def test_builtin_catalog_is_valid_and_its_examples_agree():
+    catalog = load_catalog()
+    assert len(catalog) >= 60
+    assert catalog.example_errors() == []
+
+
+def test_builtin_catalog_covers_the_frequent_classes():
+    per_category = Counter(s.category for s in load_catalog().signatures)
+    frequent = [
+        "cuda.oom",
+        "cuda.illegal_address",
+        "cuda.device_assert",
+        "nccl.timeout",
+        "nccl.system_error",
+        "nccl.internal_error",
+        "gpu.fallen_off_bus",
+        "gpu.ecc_uncorrectable",
+        "gpu.row_remap",
+        "gpu.nvlink",
+        "gpu.gsp_timeout",
+        "host.oom_killed",
+        "host.disk_full",
+        "data.worker_died",
+        "host.shm_exhausted",
+        "dist.rendezvous_timeout",
+        "dist.port_in_use",
+        "dist.peer_failure",
+        "train.nan_loss",
+        "app.exception",
+        "host.segfault",
+        "job.time_limit",
+        "job.preempted",
+    ]
+    assert [c for c in frequent if per_category[c] == 0] == []
+    taxonomy = load_taxonomy()
+    assert set(per_category) <= {c.id for c in taxonomy}
+
+
+@pytest.mark.parametrize(
+    "xid,category",
+    [
+        (79, "gpu.fallen_off_bus"),
+        (48, "gpu.ecc_uncorrectable"),
+        (63, "gpu.row_remap"),
+        (64, "gpu.row_remap"),
+        (74, "gpu.nvlink"),
+        (119, "gpu.gsp_timeout"),
+    ],
+)
+def test_xid_codes_map_to_their_category(xid, category):
+    line = f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=4242, name=python, details".encode()
+    found = {m.signature.category for m in load_catalog().match_lines([line])}
+    assert category in found
+    other = f"NVRM: Xid (PCI:0000:3b:00): {xid}1, pid=4242, name=python".encode()
+    assert category not in {m.signature.category for m in load_catalog().match_lines([other])}
+
+
+def test_a_custom_folder_loads(tmp_path):
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "x.yaml").write_text(GOOD)
+    catalog = load_catalog([str(tmp_path)])
+    assert [s.id for s in catalog.signatures] == ["gpu.fallen_off_bus.test_xid79"]
+    assert catalog.example_errors() == []
+
+
+def test_every_problem_is_reported_with_file_and_line(tmp_path):
+    bad = GOOD + textwrap.dedent("""\
+        - id: gpu.bad
+          category: gpu.nope
+          severity: huge
+          regex: '(?P<x>\\S+) a\\sb'
+          summary: "{y}"
+          action: pray
+          explain: ""
+          refs: []
+          examples: {match: []}
+          colour: red
+        - id: gpu.fallen_off_bus.test_xid79
+          category: gpu.fallen_off_bus
+          severity: critical
+          regex: 'NVRM: Xid .*79'
+          summary: "x"
+          action: drain_node
+          explain: "x"
+          refs: [x]
+          examples: {match: ["NVRM: Xid 79"], no_match: ["nothing"]}
+    """)
+    (tmp_path / "gpu").mkdir()
+    path = tmp_path / "gpu" / "bad.yaml"
+    path.write_text(bad)
+    with pytest.raises(CatalogError) as caught:
+        load_signatures([str(tmp_path)])
+    errors = caught.value.errors
+    text = "\n".join(errors)
+    for needle in (
+        "unknown key 'colour'",
+        "not a taxonomy id",
+        "severity must be one of",
+        "action 'pray'",
+        "'explain' must be a non-empty",
+        "refs must be",
+        r"uses \s",
+        "required literal",
+        "summary uses {y}",
+        "examples.match",
+        "duplicate id",
+    ):
+        assert needle in text, needle
+    assert all(e.startswith("gpu/bad.yaml:") or "bad.yaml:" in e for e in errors)
+    lines = {int(e.split(":")[1]) for e in errors}
+    assert 14 in lines and 23 in lines  # the category and the unknown key of entry 2
+
+
+def test_invalid_yaml_is_one_clear_error(tmp_path):
+    (tmp_path / "x.yaml").write_text("- id: [unclosed\n")
+    with pytest.raises(CatalogError) as caught:
+        load_signatures([str(tmp_path)])
+    assert "not valid YAML" in caught.value.errors[0]
+
+
+def test_an_example_that_disagrees_is_caught(tmp_path):
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "x.yaml").write_text(GOOD.replace(": 13, pid=1", ": 79, pid=2"))
+    problems = Catalog(load_signatures([str(tmp_path)])).example_errors()
+    assert len(problems) == 1 and "counter-example" in problems[0]
