@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import denpex._native as native
-from denpex.catalog import Catalog
+from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
-from denpex.core.events import Event, Evidence
+from denpex.core.events import Event, Evidence, severity_rank
 from denpex.lite.prefixes import ParsedLine, parse_line, year_in
 
 LINE_CAP = 64 * 1024
@@ -141,13 +141,17 @@ class Scanner:
             return parsed_cache[index]
 
         self._learn_attribution(lines, parsed_at)
-        seen: set[tuple[int, str]] = set()
+        # one line is one piece of evidence per category, however many variants match it:
+        # the most severe variant (the first of equals, the catalog lists specific ones first)
+        best: dict[tuple[int, str], Match] = {}
         for match in self.catalog.match_lines(lines):
-            # one line is one piece of evidence per category, however many variants match it
             key = (match.line_index, match.signature.category)
-            if key in seen:
-                continue
-            seen.add(key)
+            kept = best.get(key)
+            if kept is None or severity_rank(match.signature.severity) > severity_rank(
+                kept.signature.severity
+            ):
+                best[key] = match
+        for match in sorted(best.values(), key=lambda m: m.line_index):
             parsed = parsed_at(match.line_index)
             if parsed.ts_ns is None and arrival_ns is not None:
                 parsed.ts_ns = arrival_ns

@@ -67,7 +67,7 @@ def test_xid_is_attributed_to_the_rank_nccl_placed_on_that_gpu():
         b"[Tue Mar 17 03:41:17 2026] NVRM: Xid (PCI:0000:ab:00): 79, pid=1, GPU has fallen off the bus.\n"
     )
     scanner = scan(data)
-    xid = [e for e in scanner.evidence if e.category == "gpu.fallen_off_bus"][0]
+    xid = next(e for e in scanner.evidence if e.category == "gpu.fallen_off_bus")
     assert (xid.event.host, xid.event.rank) == ("node2", 13)
 
 
