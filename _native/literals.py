@@ -192,7 +192,11 @@ _NEWLINE_CATEGORIES = {
 }
 
 
-def _check_items(items, errors: list[str]) -> None:
+# RE2 rejects a counted repeat above 1000, and nested counted repeats whose product is above it
+RE2_MAX_REPEAT = 1000
+
+
+def _check_items(items, errors: list[str], outer: int = 1) -> None:
     for op, av in items:
         if op in _FORBIDDEN_OPS:
             errors.append(_FORBIDDEN_OPS[op])
@@ -203,12 +207,18 @@ def _check_items(items, errors: list[str]) -> None:
         elif op is sre_c.SUBPATTERN:
             if av[1] or av[2]:  # scoped flags (?i:...), (?-i:...)
                 errors.append("uses scoped flags (?x:...): not portable")
-            _check_items(av[-1], errors)
+            _check_items(av[-1], errors, outer)
         elif op is sre_c.BRANCH:
             for branch in av[1]:
-                _check_items(branch, errors)
+                _check_items(branch, errors, outer)
         elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
-            _check_items(av[2], errors)
+            count = av[1] if av[1] != _MAXREPEAT else av[0]
+            if count * outer > RE2_MAX_REPEAT:
+                errors.append(
+                    f"has a counted repeat of {count}{f' inside one of {outer}' if outer > 1 else ''}:"
+                    f" RE2 allows at most {RE2_MAX_REPEAT} (nested counts multiply)"
+                )
+            _check_items(av[2], errors, outer * max(count, 1))
 
 
 def _check_set(members, errors: list[str]) -> None:

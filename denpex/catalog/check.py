@@ -1,15 +1,81 @@
 """`python -m denpex.catalog.check [PATH ...]`: validate a catalog and run all its examples.
 
-Prints every problem as file:line and exits 1 when there is any; the same checks the test
-suite runs, for catalog authors.
+Prints every problem as file:line and exits 1 when there is any: schema errors, examples
+that disagree with the matcher, examples claimed by a signature of another category (unless
+listed in `overlaps.yaml` beside the catalog), and regexes RE2 rejects (when `google-re2` is
+installed; it proves the portable subset).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+import yaml
 
 from denpex.catalog.catalog import Catalog
-from denpex.catalog.loader import CatalogError, load_signatures
+from denpex.catalog.loader import CatalogError, builtin_catalog_files, load_signatures
+from denpex.catalog.schema import Signature
+
+OVERLAPS_FILE = "overlaps.yaml"
+FALLBACK_CATEGORY = "app.exception"
+
+
+def accepted_overlaps(paths: list[str] | None) -> set[tuple[str, str]]:
+    """(signature id, other category) pairs allowed to share an example, from overlaps.yaml:
+    a list of {id: ..., also: [category, ...], why: ...}."""
+    roots = (
+        [builtin_catalog_files()[0].parent.parent] if paths is None else [Path(p) for p in paths]
+    )
+    accepted: set[tuple[str, str]] = set()
+    for root in roots:
+        path = root / OVERLAPS_FILE if root.is_dir() else root.parent / OVERLAPS_FILE
+        if path.is_file():
+            for entry in yaml.safe_load(path.read_text()) or []:
+                accepted.update((entry["id"], category) for category in entry.get("also", []))
+    return accepted
+
+
+def overlap_problems(catalog: Catalog, accepted: set[tuple[str, str]]) -> list[str]:
+    """Examples of one signature that a signature of a *different* category also matches."""
+    problems: list[str] = []
+    for sig in catalog.signatures:
+        for text in sig.examples_match:
+            for match in catalog.match_lines([text.encode("utf-8")]):
+                other = match.signature
+                if other.category in (sig.category, FALLBACK_CATEGORY):
+                    continue  # app.exception is the fallback: it may claim any exception line
+                if (sig.id, other.category) in accepted:
+                    continue
+                problems.append(
+                    f"{sig.file}:{sig.line}: {sig.id}: example {text!r} is also claimed by "
+                    f"{other.id} ({other.category}); narrow one, or accept it in {OVERLAPS_FILE}"
+                )
+    return problems
+
+
+def re2_problems(signatures: list[Signature]) -> list[str]:
+    """Regexes outside RE2's syntax, or whose examples RE2 judges differently."""
+    try:
+        import re2
+    except ImportError:
+        return []
+    problems: list[str] = []
+    for sig in signatures:
+        options = re2.Options()
+        options.case_sensitive = "ignorecase" not in sig.flags
+        try:
+            compiled = re2.compile(sig.regex, options)
+        except re2.error as exc:
+            problems.append(f"{sig.file}:{sig.line}: {sig.id}: RE2 rejects the regex: {exc}")
+            continue
+        for text in sig.examples_match:
+            if compiled.search(text) is None:
+                problems.append(f"{sig.file}:{sig.line}: {sig.id}: RE2 does not match {text!r}")
+        for text in sig.examples_no_match:
+            if compiled.search(text) is not None:
+                problems.append(f"{sig.file}:{sig.line}: {sig.id}: RE2 matches {text!r}")
+    return problems
 
 
 def check(paths: list[str] | None) -> list[str]:
@@ -17,7 +83,12 @@ def check(paths: list[str] | None) -> list[str]:
         signatures = load_signatures(paths)
     except CatalogError as exc:
         return exc.errors
-    return Catalog(signatures).example_errors()
+    catalog = Catalog(signatures)
+    return [
+        *catalog.example_errors(),
+        *overlap_problems(catalog, accepted_overlaps(paths)),
+        *re2_problems(signatures),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
