@@ -152,3 +152,25 @@ def test_an_example_that_disagrees_is_caught(tmp_path):
     (tmp_path / "gpu" / "x.yaml").write_text(GOOD.replace(": 13, pid=1", ": 79, pid=2"))
     problems = Catalog(load_signatures([str(tmp_path)])).example_errors()
     assert len(problems) == 1 and "counter-example" in problems[0]
+
+
+def test_full_catalog_check_passes_including_overlaps_and_re2():
+    pytest.importorskip("re2")
+    from denpex.catalog.check import check
+
+    assert check(None) == []
+
+
+def test_overlap_between_categories_is_reported(tmp_path):
+    from denpex.catalog.check import accepted_overlaps, overlap_problems
+
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "x.yaml").write_text(GOOD)
+    other = GOOD.replace("gpu.fallen_off_bus", "gpu.reset_required").replace("test_xid79", "t2")
+    (tmp_path / "gpu" / "y.yaml").write_text(other)
+    catalog = load_catalog([str(tmp_path)])
+    assert len(overlap_problems(catalog, accepted_overlaps([str(tmp_path)]))) == 2
+    (tmp_path / "overlaps.yaml").write_text(
+        "- {id: gpu.fallen_off_bus.test_xid79, also: [gpu.reset_required], why: test}\n"
+    )
+    assert len(overlap_problems(catalog, accepted_overlaps([str(tmp_path)]))) == 1
