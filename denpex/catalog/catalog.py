@@ -6,7 +6,6 @@ reference otherwise); both give identical answers, which the tests check on ever
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
@@ -14,7 +13,7 @@ from types import ModuleType
 
 import denpex._native as native
 from denpex.catalog.loader import load_signatures
-from denpex.catalog.schema import Signature
+from denpex.catalog.schema import Signature, template_fields
 
 
 @dataclass(slots=True)
@@ -41,10 +40,17 @@ class Catalog:
         return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan_lines(lines)]
 
     def example_errors(self) -> list[str]:
-        """Examples that disagree with the compiled matcher: 'file:line: id: message'."""
+        """Examples that disagree with the compiled matcher, and summary fields that no
+        example captures: 'file:line: id: message'."""
         problems: list[str] = []
         for index, sig in enumerate(self.signatures):
             where = f"{sig.file}:{sig.line}: {sig.id}"
+            captured: set[str] = set()
+            for text in sig.examples_match:
+                captured.update(sig.captures(text.encode("utf-8")))
+            for name in template_fields(sig.summary):
+                if name not in captured:
+                    problems.append(f"{where}: no match example captures {{{name}}}")
             for text in sig.examples_match:
                 hits = self._matcher.scan_lines([text.encode("utf-8")])
                 if (0, index) not in hits:
@@ -56,17 +62,13 @@ class Catalog:
         return problems
 
 
-def catalog_paths_from_env() -> list[str] | None:
-    """Extra catalog folders from DENPEX_SIGNATURES (os.pathsep-separated), if set."""
-    value = os.environ.get("DENPEX_SIGNATURES")
-    return [p for p in value.split(os.pathsep) if p] if value else None
-
-
-def load_catalog(paths: Iterable[str] | None = None) -> Catalog:
-    """The catalog from `paths`, or the built-in one (cached) when `paths` is None."""
-    if paths is None:
+def load_catalog(paths: Iterable[str] | None = None, *, local: Iterable[str] = ()) -> Catalog:
+    """The catalog from `paths` (default: the built-in one, cached) plus site-local folders,
+    whose entries override shipped ones by id."""
+    local = list(local)
+    if paths is None and not local:
         return _builtin_catalog()
-    return Catalog(load_signatures(paths))
+    return Catalog(load_signatures(paths, local=local))
 
 
 @cache

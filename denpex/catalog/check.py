@@ -78,15 +78,19 @@ def re2_problems(signatures: list[Signature]) -> list[str]:
     return problems
 
 
-def check(paths: list[str] | None) -> list[str]:
+def check(paths: list[str] | None, *, local: list[str] | None = None) -> list[str]:
+    """Every problem of the catalog at `paths` (default: the shipped one) plus `local`."""
     try:
-        signatures = load_signatures(paths)
+        signatures = load_signatures(paths, local=local or ())
     except CatalogError as exc:
         return exc.errors
     catalog = Catalog(signatures)
+    accepted = (
+        accepted_overlaps(paths) | accepted_overlaps(local) if local else accepted_overlaps(paths)
+    )
     return [
         *catalog.example_errors(),
-        *overlap_problems(catalog, accepted_overlaps(paths)),
+        *overlap_problems(catalog, accepted),
         *re2_problems(signatures),
     ]
 

@@ -94,19 +94,8 @@ def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str
     return signatures, errors
 
 
-def load_signatures(
-    paths: Iterable[str | os.PathLike[str]] | None = None, taxonomy: Taxonomy | None = None
-) -> list[Signature]:
-    """Every signature of the given files/folders (default: the built-in catalog).
-
-    Raises CatalogError listing every problem when any entry is invalid.
-    """
-    taxonomy = taxonomy or load_taxonomy()
-    files = builtin_catalog_files() if paths is None else _expand(paths)
+def _load_group(files: list[Path], taxonomy: Taxonomy, errors: list[str]) -> list[Signature]:
     signatures: list[Signature] = []
-    errors: list[str] = []
-    if not files:
-        errors.append("no signature files found")
     for path in files:
         found, problems = load_file(path, taxonomy)
         signatures.extend(found)
@@ -119,6 +108,36 @@ def load_signatures(
                 f"{signature.file}:{signature.line}: {signature.id}: duplicate id "
                 f"(first defined at {first.file}:{first.line})"
             )
+    return signatures
+
+
+def load_signatures(
+    paths: Iterable[str | os.PathLike[str]] | None = None,
+    taxonomy: Taxonomy | None = None,
+    *,
+    local: Iterable[str | os.PathLike[str]] = (),
+) -> list[Signature]:
+    """Every signature of the given files/folders (default: the built-in catalog), then the
+    site-local ones from `local`: a local entry with a shipped entry's id replaces it (in
+    place), the others are added. Raises CatalogError listing every problem at once."""
+    taxonomy = taxonomy or load_taxonomy()
+    files = builtin_catalog_files() if paths is None else _expand(paths)
+    errors: list[str] = []
+    if not files:
+        errors.append("no signature files found")
+    signatures = _load_group(files, taxonomy, errors)
+    local_files = _expand(local)
+    for folder in local:
+        if not Path(folder).exists():
+            errors.append(f"{folder}:0: site-local signature folder does not exist")
+    if local_files:
+        position = {s.id: index for index, s in enumerate(signatures)}
+        for signature in _load_group(local_files, taxonomy, errors):
+            if signature.id in position:
+                signature.overrides = signatures[position[signature.id]].file
+                signatures[position[signature.id]] = signature
+            else:
+                signatures.append(signature)
     if errors:
         raise CatalogError(errors)
     return signatures

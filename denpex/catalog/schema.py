@@ -57,6 +57,7 @@ class Signature:
     flags: tuple[str, ...] = ()
     file: str = ""
     line: int = 0
+    overrides: str | None = None  # the shipped file this site-local entry replaces
     compiled: re.Pattern[bytes] | None = field(default=None, repr=False)
 
     @property

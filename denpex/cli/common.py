@@ -6,7 +6,6 @@ import argparse
 import os
 
 from denpex.catalog import Catalog, CatalogError, load_catalog
-from denpex.catalog.loader import builtin_catalog_files
 from denpex.cli.main import UsageError
 from denpex.lite.session import ReportOptions
 
@@ -37,7 +36,8 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         action="append",
         default=[],
-        help="also load the signature files (*.yaml) under DIR; may repeat",
+        help="also load the site-local signature files (*.yaml) under DIR; an entry with a "
+        "shipped id replaces it; may repeat (also: DENPEX_SIGNATURES=DIR1:DIR2)",
     )
 
 
@@ -56,17 +56,23 @@ def report_options(args: argparse.Namespace, *, json_stdout: bool = False) -> Re
     )
 
 
-def catalog_for(args: argparse.Namespace) -> Catalog:
-    extra = list(args.signatures)
+def local_signature_dirs(args: argparse.Namespace) -> list[str]:
+    """Site-local signature folders: --signatures DIR (repeatable), then DENPEX_SIGNATURES
+    (os.pathsep-separated), the setting a site puts in its environment or module file."""
+    dirs = list(getattr(args, "signatures", None) or [])
     env = os.environ.get("DENPEX_SIGNATURES")
     if env:
-        extra.extend(p for p in env.split(os.pathsep) if p)
-    for folder in extra:
-        if not os.path.exists(folder):
+        dirs.extend(p for p in env.split(os.pathsep) if p)
+    return dirs
+
+
+def catalog_for(args: argparse.Namespace) -> Catalog:
+    """The shipped catalog plus the site-local folders (which override shipped ids)."""
+    local = local_signature_dirs(args)
+    for folder in local:
+        if not os.path.isdir(folder):
             raise UsageError(f"signature folder {folder} does not exist")
     try:
-        if not extra:
-            return load_catalog()
-        return load_catalog([*map(str, builtin_catalog_files()), *extra])
+        return load_catalog(local=local)
     except CatalogError as exc:
         raise UsageError(str(exc)) from None

@@ -17,6 +17,7 @@ examples:
   denpex run --report diag.json --html diag.html -- python train.py
   python train.py 2>&1 | denpex scan --tee
   denpex scan --json node*/rank*.log kern.log
+  denpex explain gpu.fallen_off_bus
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
 `denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
@@ -28,7 +29,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import run, scan
+    from denpex.cli import explain, run, scan, signatures
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     run.add_parser(commands)
     scan.add_parser(commands)
+    signatures.add_parser(commands)
+    explain.add_parser(commands)
     return parser
 
 
