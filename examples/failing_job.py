@@ -61,7 +61,7 @@ def main() -> int:
     )
     for rank in (0, 1, 3):
         out(
-            f"[rank{rank}]:[E{datetime.now(UTC):%m%d %H:%M:%S}.512345 {4100 + rank} "
+            f"[rank{rank}]:[E{datetime.now(UTC):%m%d %H:%M:%S.%f} {4100 + rank} "
             f"ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation timeout: "
             "WorkNCCL(SeqNum=1287, OpType=ALLREDUCE, NumelIn=262144, NumelOut=262144, "
             "Timeout(ms)=600000) ran for 600038 milliseconds before timing out.",
