@@ -13,18 +13,19 @@ from typing import Any
 import pytest
 
 from denpex.lite.report_html import render_html
+from tests.lite.report_samples import (
+    ELASTIC,
+    OOM,
+    WATCHDOG,
+    entry,
+    finished_ok,
+    oom_cascade,
+    unknown_run,
+    watchdog_symptom,
+)
 
 VOID = {"meta", "br", "hr", "img", "input", "link", "wbr", "col", "area", "source"}
 # Inside inline SVG these are written self-closing; the parser reports them as start-end tags.
-OOM = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
-    "capacity of 79.10 GiB of which 1.21 GiB is free."
-)
-WATCHDOG = (
-    "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=18344, "
-    "OpType=ALLREDUCE) ran for 600012 milliseconds before timing out."
-)
-ELASTIC = "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1)"
 HOSTILE = (
     "<script src=\"https://evil.example/x.js\">alert('x')</script><img src=x onerror=alert(1)>"
     ' \x1b[31mred\x1b[0m nul\x00 bad\udcff \u202eevil "quoted" & amp '
@@ -67,137 +68,42 @@ def parse(page: str) -> PageParser:
     return parser
 
 
-def entry(
-    eid: str, clock: str | None, host: str | None, rank: int | None, role: str, cat: str, line: str
-) -> dict[str, Any]:
-    """One timeline entry on 2026-03-01 (UTC) at `clock`, or without a time when it is None."""
-    ts = f"2026-03-01T{clock}Z" if clock else None
-    return {
-        "id": eid,
-        "ts": ts,
-        "host": host,
-        "rank": rank,
-        "source": "log",
-        "role": role,
-        "signature": f"{cat}.sig",
-        "category": cat,
-        "line": line,
-        "severity": "error",
-    }
-
-
 def cascade(**overrides: Any) -> dict[str, Any]:
     """OOM on rank 3 of node2, then watchdog timeouts on node1 and torchrun giving up."""
-    diag: dict[str, Any] = {
-        "schema": "denpex.diagnosis/v1",
-        "status": "failed",
-        "exit": {"code": 1, "signal": None},
-        "root_cause": {
-            "category": "cuda.oom",
-            "signature": "cuda.oom.torch_out_of_memory",
-            "confidence": 0.91,
-            "host": "node2",
-            "rank": 3,
-            "evidence": ["e7"],
-            "explanation": "The GPU ran out of memory.",
-            "rule": "first_failing_rank",
-            "title": "CUDA out of memory on rank 3 (node2): tried to allocate 2.00 GiB",
-        },
-        "contributing": [
-            {
-                "category": "nccl.timeout",
-                "signature": "nccl.timeout.watchdog",
-                "role": "symptom",
-                "evidence": ["e12", "e13"],
-                "host": "node1",
-                "rank": 0,
-                "count": 7,
-            },
-            {
-                "category": "dist.peer_failure",
-                "signature": "dist.peer_failure.x",
-                "role": "symptom",
-                "evidence": ["e31", "e99"],
-                "host": None,
-                "rank": None,
-            },
-        ],
-        "timeline": [
-            entry(
-                "e3",
-                "04:55:58.410",
-                "node2",
-                3,
-                "related",
-                "train.grad_overflow",
-                "[rank3]: Gradient overflow",
-            ),
-            entry("e7", "04:56:09.123", "node2", 3, "cause", "cuda.oom", "[rank3]: " + OOM),
-            entry(
-                "e12", "05:06:10.002", "node1", 0, "symptom", "nccl.timeout", "[rank0]: " + WATCHDOG
-            ),
-            entry(
-                "e13", "05:06:10.031", "node1", 1, "symptom", "nccl.timeout", "[rank1]: " + WATCHDOG
-            ),
-            entry("e31", "05:06:14.877", "node1", None, "symptom", "dist.peer_failure", ELASTIC),
-        ],
-        "summary": "Rank 3 on node2 ran out of GPU memory; the other ranks then timed out.",
-        "actions": [
-            {
-                "action": "reduce_memory",
-                "target": "node2",
-                "reason": "lower the micro-batch size or enable activation checkpointing",
-            },
-        ],
-        "stats": {"bytes": 1_234_567, "lines": 18_250, "matches": 37, "dropped_analysis_bytes": 0},
-        "notes": [],
+    peer_failure = {
+        "category": "dist.peer_failure",
+        "signature": "dist.peer_failure.x",
+        "role": "symptom",
+        "evidence": ["e31", "e99"],
+        "host": None,
+        "rank": None,
     }
-    diag.update(overrides)
-    return diag
-
-
-NO_CAUSE = {
-    "category": "unknown",
-    "signature": None,
-    "confidence": 0.0,
-    "host": None,
-    "rank": None,
-    "evidence": [],
-    "explanation": "",
-}
+    timeline = [
+        entry(
+            "e3",
+            "04:55:58.410",
+            "node2",
+            3,
+            "related",
+            "train.grad_overflow",
+            "[rank3]: Gradient overflow",
+        ),
+        entry("e7", "04:56:09.123", "node2", 3, "cause", "cuda.oom", "[rank3]: " + OOM),
+        entry("e12", "05:06:10.002", "node1", 0, "symptom", "nccl.timeout", "[rank0]: " + WATCHDOG),
+        entry("e13", "05:06:10.031", "node1", 1, "symptom", "nccl.timeout", "[rank1]: " + WATCHDOG),
+        entry("e31", "05:06:14.877", "node1", None, "symptom", "dist.peer_failure", ELASTIC),
+    ]
+    fields = {
+        "contributing": [watchdog_symptom(), peer_failure],
+        "timeline": timeline,
+        "summary": "Rank 3 on node2 ran out of GPU memory; the other ranks then timed out.",
+    }
+    return oom_cascade(**(fields | overrides))
 
 
 def ok_run() -> dict[str, Any]:
-    observed = [
-        {
-            "category": "train.loss_spike",
-            "signature": "train.loss_spike.x",
-            "role": "observed",
-            "evidence": ["e1"],
-            "count": 2,
-        }
-    ]
     line = entry("e1", "01:00:00", None, None, "observed", "train.loss_spike", "spike")
-    return cascade(
-        status="ok",
-        exit={"code": 0, "signal": None},
-        root_cause=NO_CAUSE,
-        contributing=observed,
-        timeline=[line],
-        actions=[],
-        summary="No failure.",
-    )
-
-
-def unknown_run() -> dict[str, Any]:
-    return cascade(
-        exit={"code": 137, "signal": "SIGKILL"},
-        root_cause=NO_CAUSE,
-        contributing=[],
-        timeline=[],
-        actions=[],
-        summary="",
-    )
+    return finished_ok("No failure.", observed=2, timeline=[line])
 
 
 def hostile_run() -> dict[str, Any]:

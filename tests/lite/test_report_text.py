@@ -13,155 +13,46 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from denpex.lite.report_text import clean_text, display_width, format_bytes, render_text
+from tests.lite.report_samples import (
+    ELASTIC,
+    OOM,
+    WATCHDOG,
+    entry,
+    finished_ok,
+    oom_cascade,
+    unknown_run,
+)
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-OOM = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
-    "capacity of 79.10 GiB of which 1.21 GiB is free."
-)
-WATCHDOG = (
-    "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=18344, "
-    "OpType=ALLREDUCE) ran for 600012 milliseconds before timing out."
-)
-ELASTIC = "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1)"
 HOSTILE = (
     "<script>alert('x')</script> \x1b[31mred\x1b[0m \x1b]0;title\x07 nul\x00 bell\x07 "
     "bad\udcff utf8 \u202eevil\u202c wide 中文字符 "
 ) + "x" * 5000
 
 
-def entry(
-    eid: str, clock: str | None, host: str | None, rank: int | None, role: str, cat: str, line: str
-) -> dict[str, Any]:
-    """One timeline entry on 2026-03-01 (UTC) at `clock`, or without a time when it is None."""
-    ts = f"2026-03-01T{clock}Z" if clock else None
-    return {
-        "id": eid,
-        "ts": ts,
-        "host": host,
-        "rank": rank,
-        "source": "log",
-        "role": role,
-        "signature": f"{cat}.sig",
-        "category": cat,
-        "line": line,
-        "severity": "error",
-    }
-
-
 def diagnosis(**overrides: Any) -> dict[str, Any]:
     """A failed run: OOM on rank 3 of node2, then NCCL watchdog timeouts on other ranks."""
-    diag: dict[str, Any] = {
-        "schema": "denpex.diagnosis/v1",
-        "status": "failed",
-        "exit": {"code": 1, "signal": None},
-        "root_cause": {
-            "category": "cuda.oom",
-            "signature": "cuda.oom.torch_out_of_memory",
-            "confidence": 0.91,
-            "host": "node2",
-            "rank": 3,
-            "evidence": ["e7"],
-            "explanation": "The GPU ran out of memory.",
-            "rule": "first_failing_rank",
-            "title": "CUDA out of memory on rank 3 (node2): tried to allocate 2.00 GiB",
-        },
-        "contributing": [
-            {
-                "category": "nccl.timeout",
-                "signature": "nccl.timeout.watchdog",
-                "role": "symptom",
-                "evidence": ["e12", "e13"],
-                "host": "node1",
-                "rank": 0,
-                "count": 7,
-            },
-        ],
-        "timeline": [
-            entry("e7", "04:56:09.123456", "node2", 3, "cause", "cuda.oom", "[rank3]: " + OOM),
-            entry(
-                "e12", "05:06:10.002", "node1", 0, "symptom", "nccl.timeout", "[rank0]: " + WATCHDOG
-            ),
-            entry(
-                "e13",
-                "05:06:10.031",
-                "node1",
-                1,
-                "symptom",
-                "nccl.timeout",
-                "[rank1]: [Rank 1] t/o",
-            ),
-            entry("e31", None, "node1", None, "symptom", "dist.peer_failure", ELASTIC),
-        ],
-        "summary": (
-            "Rank 3 on node2 ran out of GPU memory; the other ranks then waited in an all-reduce "
-            "until the NCCL watchdog timed out and torchrun stopped the job."
+    timeline = [
+        entry("e7", "04:56:09.123456", "node2", 3, "cause", "cuda.oom", "[rank3]: " + OOM),
+        entry("e12", "05:06:10.002", "node1", 0, "symptom", "nccl.timeout", "[rank0]: " + WATCHDOG),
+        entry(
+            "e13", "05:06:10.031", "node1", 1, "symptom", "nccl.timeout", "[rank1]: [Rank 1] t/o"
         ),
-        "actions": [
-            {
-                "action": "reduce_memory",
-                "target": "node2",
-                "reason": "lower the micro-batch size or enable activation checkpointing",
-            },
-        ],
-        "stats": {"bytes": 1_234_567, "lines": 18_250, "matches": 37, "dropped_analysis_bytes": 0},
-        "notes": [],
-    }
-    diag.update(overrides)
-    return diag
+        entry("e31", None, "node1", None, "symptom", "dist.peer_failure", ELASTIC),
+    ]
+    summary = (
+        "Rank 3 on node2 ran out of GPU memory; the other ranks then waited in an all-reduce "
+        "until the NCCL watchdog timed out and torchrun stopped the job."
+    )
+    return oom_cascade(**({"timeline": timeline, "summary": summary} | overrides))
 
 
 def ok_diagnosis(observed: int = 0) -> dict[str, Any]:
-    contributing = (
-        [
-            {
-                "category": "train.loss_spike",
-                "signature": "train.loss_spike.x",
-                "role": "observed",
-                "evidence": ["e1"],
-                "count": observed,
-            },
-        ]
-        if observed
-        else []
-    )
-    return diagnosis(
-        status="ok",
-        exit={"code": 0, "signal": None},
-        root_cause={
-            "category": "unknown",
-            "signature": None,
-            "confidence": 0.0,
-            "host": None,
-            "rank": None,
-            "evidence": [],
-            "explanation": "",
-        },
-        contributing=contributing,
-        timeline=[],
-        actions=[],
-        summary="No failure found.",
-    )
+    return finished_ok("No failure found.", observed=observed)
 
 
 def unknown_diagnosis() -> dict[str, Any]:
-    return diagnosis(
-        exit={"code": 137, "signal": "SIGKILL"},
-        root_cause={
-            "category": "unknown",
-            "signature": None,
-            "confidence": 0.0,
-            "host": None,
-            "rank": None,
-            "evidence": [],
-            "explanation": "",
-            "rule": "no_evidence",
-        },
-        contributing=[],
-        timeline=[],
-        actions=[],
-        summary="",
-    )
+    return unknown_run(rule="no_evidence")
 
 
 def hostile_diagnosis() -> dict[str, Any]:
