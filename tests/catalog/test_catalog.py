@@ -174,3 +174,15 @@ def test_overlap_between_categories_is_reported(tmp_path):
         "- {id: gpu.fallen_off_bus.test_xid79, also: [gpu.reset_required], why: test}\n"
     )
     assert len(overlap_problems(catalog, accepted_overlaps([str(tmp_path)]))) == 1
+
+
+def test_library_size_and_coverage():
+    """The library target (issue: the signature library): ≥ 400 entries, ≥ 3 per category."""
+    per_category = Counter(s.category for s in load_catalog().signatures)
+    assert sum(per_category.values()) >= 400
+    thin = {
+        c.id: per_category[c.id]
+        for c in load_taxonomy()
+        if c.id != "unknown" and per_category[c.id] < 3
+    }
+    assert thin == {}
