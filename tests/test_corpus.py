@@ -23,7 +23,7 @@ LABELS = (
     else []
 )
 TARGET = 0.90
-ATTRIBUTION_TARGET = 0.85
+ATTRIBUTION_TARGET = 0.80
 
 
 def diagnose_file(entry: dict) -> dict:

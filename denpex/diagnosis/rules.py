@@ -82,7 +82,12 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
     """GPU, fabric or host-hardware failure evidence within a window of the first software
     failure (or with no software failure at all) is the cause; software errors are symptoms."""
     cfg = ctx.config
-    hardware = [e for e in ctx.failures if cfg.is_infrastructure(e.category)]
+    ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
+    hardware = [
+        e
+        for e in ctx.failures
+        if cfg.is_infrastructure(e.category) and (ended is None or before(e, ended))
+    ]
     if not hardware:
         return None
     first_software = earliest(ctx.software_failures())
@@ -197,15 +202,23 @@ def symptoms_only(ctx: RuleContext) -> Finding | None:
 
 
 def warnings_on_failure(ctx: RuleContext) -> Finding | None:
-    """The job is known to have failed but printed no error line: the earliest warning from
-    a category that can end a job (a thermal slowdown, a hang detector) is the best lead."""
-    if ctx.exit_signal is None and ctx.exit_code in (None, 0):
+    """The job failed (its exit status says so, or symptoms such as watchdog timeouts show
+    it) but printed no error line of its own: the strongest warning before the first symptom
+    from a category that can end a job (a degraded PCIe link, a thermal slowdown, a hang
+    detector) is a better lead than the symptoms."""
+    first_symptom = _first_of_tier(ctx, "symptom")
+    known_failed = ctx.exit_signal is not None or ctx.exit_code not in (None, 0)
+    if not known_failed and first_symptom is None:
         return None
     leads = [
         e
         for e in ctx.evidence
-        if e.severity == "warning" and ctx.config.can_explain_failure(e.category)
+        if e.severity == "warning"
+        and ctx.config.can_explain_failure(e.category)
+        and (first_symptom is None or before(e, first_symptom))
     ]
+    # a traceback header is the weakest lead: any other category's warning goes first
+    leads = [e for e in leads if e.category != "app.exception"] or leads
     root = _strongest_earliest(leads)
     return Finding("warnings_on_failure", root) if root else None
 
@@ -221,8 +234,8 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     scheduler,
     first_failing_weak,
     exception_fallback,
-    symptoms_only,
     warnings_on_failure,
+    symptoms_only,
 )
 
 

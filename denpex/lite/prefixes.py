@@ -46,6 +46,10 @@ _GLOG = re.compile(
 # local one, which a following `[rank11]:` replaces
 _TORCHRUN = re.compile(rb"^\[(rank|default|trainer|worker)(\d{1,6})\]: ?")
 _SRUN = re.compile(rb"^(\d{1,6}): ")
+# `kubectl logs --prefix`: "[pod/NAME/CONTAINER] " (or without brackets): the pod is the host
+_KUBECTL = re.compile(rb"^\[?pod/([a-z0-9][a-z0-9.-]{0,252})(?:/[a-z0-9-]{1,63})?\]? ")
+# Open MPI `mpirun --tag-output`: "[jobid,rank]<stdout>:"
+_MPIRUN = re.compile(rb"^\[\d{1,6},(\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?")
 _HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
 # a host name without digits (node-a, login) only counts before another known prefix
 _HOST_BEFORE_PREFIX = re.compile(
@@ -173,9 +177,14 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
             if out.body.startswith(b"- "):  # Python logging's "%(asctime)s - %(name)s - …"
                 out.body = out.body[2:]
             tail = _ISO_SYSLOG_TAIL.match(out.body) if out.source == "log" else None
-            if tail and out.host is None and tail.group(2) in (b"kernel", b"slurmd", b"slurmstepd"):
+            # RFC 5424-style syslog: "<time> <host> <tag>[pid]: message"; a bare word and a
+            # colon is too common in log text, so the tag must be a daemon we know or carry a pid
+            known_tag = tail is not None and tail.group(2) in (b"kernel", b"slurmd", b"slurmstepd")
+            if tail and out.host is None and (known_tag or tail.group(3)):
                 out.host = tail.group(1).decode()
                 out.source = "kmsg" if tail.group(2) == b"kernel" else "syslog"
+                if tail.group(3):
+                    out.pid = int(tail.group(3))
                 out.body = out.body[tail.end() :]
             return True
     found = _GLOG.match(body)
@@ -194,21 +203,20 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         out.attrs["log_level"] = level.decode()
         return True
     found = _TORCHRUN.match(body)
-    if found and (
-        out.rank is None or (out.attrs.get("local_rank_prefix") and found.group(1) == b"rank")
-    ):
+    # `[rank11]:` names the global rank, so it replaces a local `[default3]:` or `srun -l` id
+    if found and (out.rank is None or found.group(1) == b"rank"):
         out.rank, out.body = int(found.group(2)), body[found.end() :]
-        if found.group(1) != b"rank":
-            out.attrs["local_rank_prefix"] = True
-        else:
-            out.attrs.pop("local_rank_prefix", None)
         return True
     if out.rank is None:
-        found = _SRUN.match(body)
+        found = _SRUN.match(body) or _MPIRUN.match(body)
         if found:
             out.rank, out.body = int(found.group(1)), body[found.end() :]
             return True
     if out.host is None:
+        found = _KUBECTL.match(body)
+        if found:
+            out.host, out.body = found.group(1).decode(), body[found.end() :]
+            return True
         found = _HOST.match(body) or _HOST_BEFORE_PREFIX.match(body)
         if found and not _NOT_HOSTS.match(body):
             out.host, out.body = found.group(1).decode(), body[found.end() :]
@@ -275,3 +283,22 @@ def year_in(text: bytes) -> int | None:
     """The first calendar year a chunk of log text states (ISO or `dmesg -T` dates)."""
     found = _YEAR_IN_TEXT.search(text)
     return int(found.group(1) or found.group(2)) if found else None
+
+
+_ISO_TEXT = re.compile(
+    r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?$"
+)
+
+
+def iso_to_ns(text: str) -> int | None:
+    """UTC ns of an ISO 8601 time such as Slurm's `2026-11-30T04:56:09` (naive = UTC)."""
+    found = _ISO_TEXT.match(text.strip())
+    if not found:
+        return None
+    yy, mon, day, hh, mm, ss, frac, offset = found.groups()
+    try:
+        tz = _tz(offset.encode() if offset else None)
+        dt = datetime(int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=tz)
+    except ValueError:
+        return None
+    return _to_ns(dt, frac.encode() if frac else None)

@@ -15,7 +15,7 @@ import denpex._native as native
 from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
-from denpex.lite.prefixes import ParsedLine, parse_line, year_in
+from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
@@ -25,10 +25,14 @@ _LOOKBACK_FOR_TIME = 40
 # NCCL's "comm 0x… rank 13 nranks 16 cudaDev 5 nvmlDev 5 busId 3b000" (GPU → rank) and
 # torchrun's failure summary "host : node7 / rank : 3 (local_rank: 3)" (rank → host)
 _NCCL_COMM = re.compile(
-    rb" rank (\d{1,6}) nranks \d{1,6} cudaDev \d{1,3} (?:nvmlDev \d{1,3} )?busId ([0-9a-fA-F]{1,12})"
+    rb" rank (\d{1,6}) nranks \d{1,6} cudaDev (\d{1,3}) (?:nvmlDev \d{1,3} )?busId ([0-9a-fA-F]{1,12})"
 )
 _ELASTIC_SUMMARY = re.compile(
     rb"host {0,16}: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})[ \t]*\n[^\n]{0,40}rank {0,16}: (\d{1,6})"
+)
+# NCCL's own line prefix "node7:4100:4100 [3] NCCL INFO …" names the host that printed it
+_NCCL_LINE_HOST = re.compile(
+    rb"(?:^|[ :\]])([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1,10} \[\d{1,3}\] ", re.MULTILINE
 )
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
@@ -60,6 +64,7 @@ class StreamState:
     last_ts_ns: int | None = None
     source: str = "log"
     year: int | None = None  # completes glog/syslog times, which carry no year
+    nccl_hosts: set[str] = field(default_factory=set)  # hosts named by NCCL's line prefixes
     hosts_seen: dict[str, int] = field(default_factory=dict)
     ranks_seen: dict[int, int] = field(default_factory=dict)
 
@@ -77,6 +82,7 @@ class Scanner:
         self.matches = 0
         self.evidence_dropped = 0
         self.rank_of_gpu: dict[tuple[str | None, int], int] = {}  # (host, bus id) → rank
+        self.rank_of_device: dict[tuple[str | None, int], int] = {}  # (host, cudaDev) → rank
         self.host_of_rank: dict[int, str] = {}
         self._seq = 0
         self._splitter_cls = native.load("linesplit").LineSplitter
@@ -140,7 +146,7 @@ class Scanner:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
-        self._learn_attribution(lines, parsed_at)
+        self._learn_attribution(state, lines, parsed_at)
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
         best: dict[tuple[int, str], Match] = {}
@@ -170,15 +176,19 @@ class Scanner:
                 state.last_ts_ns = ts
                 break
 
-    def _learn_attribution(self, lines: list[bytes], parsed_at) -> None:
+    def _learn_attribution(self, state: StreamState, lines: list[bytes], parsed_at) -> None:
         joined = b"\n".join(lines)
+        if b" NCCL " in joined and len(state.nccl_hosts) < 2:
+            for found in _NCCL_LINE_HOST.finditer(joined):
+                state.nccl_hosts.add(found.group(1).decode())
         if b"busId" in joined:
             for index, line in enumerate(lines):
                 if b"busId" in line:
                     found = _NCCL_COMM.search(line)
                     if found:
-                        bus = int(found.group(2), 16)
-                        self.rank_of_gpu[(parsed_at(index).host, bus)] = int(found.group(1))
+                        host, rank = parsed_at(index).host, int(found.group(1))
+                        self.rank_of_gpu[(host, int(found.group(3), 16))] = rank
+                        self.rank_of_device[(host, int(found.group(2)))] = rank
         if b"local_rank" in joined:
             for found in _ELASTIC_SUMMARY.finditer(joined):
                 self.host_of_rank[int(found.group(2))] = found.group(1).decode()
@@ -205,6 +215,11 @@ class Scanner:
             self.evidence_dropped += 1
             return
         captures = signature.captures(body)
+        if parsed.ts_ns is None or parsed.attrs.get("ts_inherited"):
+            stated = iso_to_ns(captures.get("time", ""))
+            if stated is not None:  # "CANCELLED AT 2026-11-30T04:56:09": the message's own time
+                parsed.ts_ns = stated
+                parsed.attrs.pop("ts_inherited", None)
         # a message about another host or rank ("srun: error: node3: task 3: Killed") names
         # its subject in the captures, which outrank the prefix of the line that carried it
         host = captures.get("host") or parsed.host or state.host or self.default_host
@@ -253,13 +268,21 @@ class Scanner:
                 if event.rank is None and len(gpus_by_bus.get(gpu_bus, ())) == 1:
                     gpu_host, event.rank = next(iter(gpus_by_bus[gpu_bus]))
                     event.host = event.host or gpu_host
+            device = event.attrs.get("cuda_device")  # NCCL's "host:pid:tid [dev]" prefix
+            if event.rank is None and device is not None:
+                event.rank = self.rank_of_device.get((event.host, device))
             if event.host is None and event.rank is not None:
                 event.host = self.host_of_rank.get(event.rank)
         # a job whose summaries and NCCL lines name one host ran on that host alone
         named_hosts = {*self.host_of_rank.values(), *(h for h, _ in self.rank_of_gpu if h)}
         only_host = _single(dict.fromkeys(named_hosts))
         for state in self.streams.values():
-            host = state.host or _single(state.hosts_seen) or only_host
+            host = (
+                state.host
+                or _single(state.hosts_seen)
+                or _single(dict.fromkeys(state.nccl_hosts))
+                or only_host
+            )
             rank = state.rank if state.rank is not None else _single(state.ranks_seen)
             if host is None and rank is None:
                 continue

@@ -84,6 +84,17 @@ CASES = [
         b"oom-kill:x",
     ),
     (b"RuntimeError: CUDA error", "log", None, None, None, b"RuntimeError: CUDA error"),
+    (b"[pod/llm-worker-3/trainer] [rank24]: x", "log", "llm-worker-3", 24, None, b"x"),
+    (b"[1,5]<stderr>:Traceback", "log", None, 5, None, b"Traceback"),
+    (b"17: [rank17]: y", "log", None, 17, None, b"y"),
+    (
+        b"2026-11-04T12:03:02.771+00:00 gpu-f-11 python[44102]: z",
+        "syslog",
+        "gpu-f-11",
+        None,
+        "2026-11-04T12:03:02.771Z",
+        b"z",
+    ),
     (b"ValueError: bad", "log", None, None, None, b"ValueError: bad"),
     (b"step10: loss 3.2", "log", None, None, None, b"step10: loss 3.2"),
     (
