@@ -11,7 +11,7 @@ import importlib
 import os
 from types import ModuleType
 
-NATIVE_MODULES = ("linesplit",)
+NATIVE_MODULES = ("linesplit", "matcher", "checksum", "ringbuf")
 
 
 def extensions_disabled() -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 try:  # Python ≥ 3.11
     from re import _constants as sre_c  # type: ignore[attr-defined]
@@ -53,14 +54,22 @@ def compile_pattern(pattern: str) -> re.Pattern[bytes]:
     return re.compile(body.encode("utf-8"), re.IGNORECASE if ignorecase else 0)
 
 
+@lru_cache(maxsize=4096)
+def parse_bytes(body: str):
+    """The syntax tree of the bytes that `compile_pattern` compiles (shared, never mutate it).
+
+    Parsing the str instead would make an escape such as \\xff the two UTF-8 bytes of U+00FF
+    where the compiled pattern matches the single byte 0xff."""
+    return sre_parse.parse(body.encode("utf-8"))
+
+
 def _parse(pattern: str):
     body, _ = split_flags(pattern)
-    return sre_parse.parse(body)
+    return parse_bytes(body)
 
 
 def _run_to_bytes(chars: list[int], ignorecase: bool) -> bytes:
-    text = "".join(map(chr, chars))
-    data = text.encode("utf-8")
+    data = bytes(chars)
     return data.lower() if ignorecase else data
 
 

@@ -60,7 +60,7 @@ def version_text(verbose: bool) -> str:
         catalog = load_catalog()
         lines.append(f"python {platform.python_version()} ({sys.executable})")
         lines.append(f"frozen: {'yes' if getattr(sys, 'frozen', False) else 'no'}")
-        for name in (*native.NATIVE_MODULES, "matcher"):
+        for name in native.NATIVE_MODULES:
             lines.append(f"{name}: {native.backend(name)}")
         lines.append(f"signatures: {len(catalog)}")
         if native.extensions_disabled():

@@ -179,8 +179,8 @@ class Scanner:
     def _learn_attribution(self, state: StreamState, lines: list[bytes], parsed_at) -> None:
         joined = b"\n".join(lines)
         if b" NCCL " in joined and len(state.nccl_hosts) < 2:
-            for found in _NCCL_LINE_HOST.finditer(joined):
-                state.nccl_hosts.add(found.group(1).decode())
+            for named in _NCCL_LINE_HOST.finditer(joined):
+                state.nccl_hosts.add(named.group(1).decode())
         if b"busId" in joined:
             for index, line in enumerate(lines):
                 if b"busId" in line:
