@@ -29,7 +29,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import explain, run, scan, signatures
+    from denpex.cli import doctor, explain, run, scan, signatures
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_parser(commands)
     signatures.add_parser(commands)
     explain.add_parser(commands)
+    doctor.add_parser(commands)
     return parser
 
 

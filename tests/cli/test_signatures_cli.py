@@ -105,3 +105,11 @@ def test_reference_page_is_current():
     page = (ROOT / "docs" / "signatures.md").read_text()
     expected = render_markdown(load_catalog(), load_taxonomy())
     assert page == expected, "regenerate: denpex signatures docs --output docs/signatures.md"
+
+
+def test_doctor_reports_backends_and_host_sources():
+    result = denpex("doctor", "--json")
+    assert result.returncode == 0
+    checks = {c["check"]: c for c in json.loads(result.stdout)}
+    assert {"backend matcher", "signatures", "kernel log", "memory cgroup"} <= set(checks)
+    assert checks["signatures"]["ok"] and "loaded" in checks["signatures"]["detail"]
