@@ -41,26 +41,6 @@ while True:
 json.dump({"bytes": n, "first": first, "last": last}, open(sys.argv[1], "w"))
 """
 
-# Used only while denpex.cli is not importable: run_command with a minimal analysis session.
-FALLBACK = r"""
-import sys
-from denpex.lite.runner import run_command
-
-class Lines:
-    def __init__(self, pid):
-        self.lines = 0
-    def feed(self, stream, data, gap):
-        self.lines += len(data.splitlines())
-    def tick(self):
-        pass
-    def finish(self, result):
-        with open(sys.argv[1], "w") as f:
-            f.write('{"stats": {"dropped_analysis_bytes": %d}}' % result.bytes_dropped)
-
-use_pty = sys.argv[2] == "pty"
-sys.exit(run_command(sys.argv[3:], use_pty=use_pty, session_factory=Lines))
-"""
-
 
 def make_log(path: Path, size: int, seed: int = 1) -> None:
     """Training-log-like text: rank-prefixed step lines, NCCL chatter, progress bars with CR."""
@@ -122,31 +102,21 @@ def main() -> None:
     }
     py = shlex.quote(sys.executable)
     f = shlex.quote(str(log))
-    sink_py, fallback_py = work / "sink.py", work / "fallback.py"
+    sink_py = work / "sink.py"
     sink_py.write_text(SINK)
-    fallback_py.write_text(FALLBACK)
     out, report = work / "sink.json", work / "report.json"
     sink = f"{py} {sink_py} {out}"
-    try:
-        import denpex.cli.main
-
-        cli = True
-    except ImportError:
-        cli = False
 
     def denpex(mode: str, analysis: bool = True) -> str:
         if not analysis:  # the wrapper alone: shows what the analysis backlog adds to wall time
             return f"{py} -m denpex run --{mode} --no-analysis -- cat {f}"
-        if cli:
-            return f"{py} -m denpex run --{mode} --quiet --report {report} -- cat {f} 2>/dev/null"
-        return f"{py} {fallback_py} {report} {mode.removeprefix('no-')} cat {f}"
+        return f"{py} -m denpex run --{mode} --quiet --report {report} -- cat {f} 2>/dev/null"
 
     pipelines = {
         "pipe_baseline": f"cat {f} | cat | {sink}",
         "pipe_denpex": f"{denpex('no-pty')} | {sink}",
+        "pipe_denpex_no_analysis": f"{denpex('no-pty', analysis=False)} | {sink}",
     }
-    if cli:
-        pipelines["pipe_denpex_no_analysis"] = f"{denpex('no-pty', analysis=False)} | {sink}"
     if not args.skip_pty and shutil.which("script"):
         pipelines["pty_baseline"] = (
             f"script -qfec {shlex.quote('cat ' + str(log))} /dev/null | {sink}"
@@ -164,7 +134,7 @@ def main() -> None:
     result: dict[str, object] = {
         "size_mb": args.size_mb,
         "runs": args.runs,
-        "denpex": "cli (python -m denpex run)" if cli else "runner with a line-splitting session",
+        "denpex": "python -m denpex run",
     }
     for name, runs in samples.items():
         mb = runs[0]["bytes"] / 1e6

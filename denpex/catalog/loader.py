@@ -16,6 +16,9 @@ import yaml
 from denpex.catalog.schema import Signature, validate_entry
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
 
+# libyaml's loader when PyYAML was built with it (several times faster), else pure Python
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 class CatalogError(Exception):
     """The catalog has problems; `errors` lists each as 'file:line: message'."""
@@ -59,7 +62,7 @@ def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return [], [f"{name}:0: cannot read: {exc}"]
-    loader = yaml.SafeLoader(text)
+    loader = _YamlLoader(text)
     try:
         root = loader.get_single_node()
     except yaml.YAMLError as exc:
@@ -74,7 +77,7 @@ def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str
         return [], [f"{name}:{root.start_mark.line + 1}: a catalog file is a list of entries"]
     signatures: list[Signature] = []
     errors: list[str] = []
-    constructor = yaml.SafeLoader("")
+    constructor = _YamlLoader("")
     for item in root.value:
         line = item.start_mark.line + 1
         key_lines: dict[str, int] = {}

@@ -66,12 +66,18 @@ def local_signature_dirs(args: argparse.Namespace) -> list[str]:
     return dirs
 
 
-def catalog_for(args: argparse.Namespace) -> Catalog:
-    """The shipped catalog plus the site-local folders (which override shipped ids)."""
+def check_signature_dirs(args: argparse.Namespace) -> list[str]:
+    """The site-local folders, each checked to exist (a usage error otherwise)."""
     local = local_signature_dirs(args)
     for folder in local:
         if not os.path.isdir(folder):
             raise UsageError(f"signature folder {folder} does not exist")
+    return local
+
+
+def catalog_for(args: argparse.Namespace) -> Catalog:
+    """The shipped catalog plus the site-local folders (which override shipped ids)."""
+    local = check_signature_dirs(args)
     try:
         return load_catalog(local=local)
     except CatalogError as exc:

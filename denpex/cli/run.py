@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from denpex.cli.common import add_report_options, catalog_for, report_options
+from denpex.cli.common import (
+    add_report_options,
+    catalog_for,
+    check_signature_dirs,
+    report_options,
+)
 from denpex.cli.main import UsageError
 
 DESCRIPTION = """\
@@ -50,6 +56,7 @@ def add_parser(commands) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from denpex.lite.hostwatch import RunHostWatch
     from denpex.lite.runner import run_command
     from denpex.lite.session import LiteSession
 
@@ -60,11 +67,19 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("no command given; usage: denpex run [options] -- CMD [ARGS...]")
     factory = None
     if not args.no_analysis:
-        catalog = catalog_for(args)
+        check_signature_dirs(args)
         options = report_options(args)
         options.title = f"denpex: {' '.join(argv)[:120]}"
+        host_watch = RunHostWatch()  # before the job starts, so nothing it triggers is missed
 
         def factory(child_pid: int | None) -> LiteSession:
-            return LiteSession.for_run(catalog, options, child_pid)
+            # the catalog loads in the analyzer process, so the job starts at once; a broken
+            # site-local catalog then costs the analysis (said on stderr), never the job
+            try:
+                catalog = catalog_for(args)
+            except UsageError as exc:
+                print(f"denpex run: {exc}", file=sys.stderr)
+                raise RuntimeError("no diagnosis for this run: fix the signatures above") from None
+            return LiteSession.for_run(catalog, options, child_pid, host_watch)
 
     return run_command(argv, use_pty=args.pty, session_factory=factory)

@@ -156,7 +156,7 @@ class CgroupMemoryWatch:
         self.before = self.read()
         return self.files is not None
 
-    def finish(self, evidence_id: str, host: str | None) -> Evidence | None:
+    def finish(self, evidence_id: str, host: str | None, pid: int | None = None) -> Evidence | None:
         """Evidence of OOM kills in the cgroup since start(), or None."""
         if self.files is None:
             return None
@@ -178,7 +178,7 @@ class CgroupMemoryWatch:
                 host=host,
                 source="cgroup",
                 kind="state",
-                pid=self.pid,
+                pid=pid or self.pid,
                 attrs={"oom_kill": kills},
             ),
             signature=CGROUP_OOM_SIGNATURE,
@@ -188,3 +188,22 @@ class CgroupMemoryWatch:
             summary=f"the OOM killer killed {kills} process(es) in the job's memory cgroup",
             action="reduce_memory",
         )
+
+
+class RunHostWatch:
+    """The host evidence of one `denpex run`, set up before the job starts so that nothing
+    it triggers is missed: the kernel log read from this point on, and the OOM-kill count of
+    the memory cgroup the job will inherit from denpex."""
+
+    def __init__(self, *, procfs: str = "/proc", sysfs: str = "/sys", devfs: str = "/dev") -> None:
+        self.notes: list[str] = []
+        self.kmsg: KmsgWatch | None = KmsgWatch(devfs)
+        if not self.kmsg.open():
+            self.notes.append(self.kmsg.unavailable or "kernel log not readable")
+            self.kmsg = None
+        self.cgroup: CgroupMemoryWatch | None = CgroupMemoryWatch(
+            os.getpid(), procfs=procfs, sysfs=sysfs
+        )
+        if not self.cgroup.start():
+            self.notes.append("no memory cgroup found: OOM kills of the job cannot be counted")
+            self.cgroup = None

@@ -21,6 +21,7 @@ from denpex.lite.hostwatch import (
     CGROUP_OOM_SIGNATURE,
     CgroupMemoryWatch,
     KmsgWatch,
+    RunHostWatch,
 )
 from denpex.lite.scanner import Scanner
 
@@ -39,13 +40,6 @@ class ReportOptions:
     title: str = "denpex diagnosis"
 
 
-@dataclass(slots=True)
-class HostRoots:
-    procfs: str = "/proc"
-    sysfs: str = "/sys"
-    devfs: str = "/dev"
-
-
 class LiteSession:
     """Feeds bytes to a Scanner, gathers host evidence for a child, writes the diagnosis."""
 
@@ -54,38 +48,34 @@ class LiteSession:
         catalog: Catalog,
         options: ReportOptions,
         *,
-        child_pid: int | None = None,
         host: str | None = None,
-        watch_host: bool = False,
-        roots: HostRoots | None = None,
+        host_watch: RunHostWatch | None = None,
+        child_pid: int | None = None,
     ) -> None:
         self.catalog = catalog
         self.options = options
         self.scanner = Scanner(catalog, default_host=host)
-        self.notes: list[str] = []
         self.diagnosis: Diagnosis | None = None
-        self.kmsg: KmsgWatch | None = None
-        self.cgroup: CgroupMemoryWatch | None = None
-        roots = roots or HostRoots()
-        if watch_host:
-            self.kmsg = KmsgWatch(roots.devfs)
-            if not self.kmsg.open():
-                self.notes.append(self.kmsg.unavailable or "kernel log not readable")
-                self.kmsg = None
-            if child_pid is not None:
-                self.cgroup = CgroupMemoryWatch(child_pid, procfs=roots.procfs, sysfs=roots.sysfs)
-                if not self.cgroup.start():
-                    self.notes.append(
-                        "the child's memory cgroup was not found; no cgroup OOM evidence"
-                    )
-                    self.cgroup = None
+        self.child_pid = child_pid
+        self.notes: list[str] = list(host_watch.notes) if host_watch else []
+        self.kmsg: KmsgWatch | None = host_watch.kmsg if host_watch else None
+        self.cgroup: CgroupMemoryWatch | None = host_watch.cgroup if host_watch else None
 
     @classmethod
     def for_run(
-        cls, catalog: Catalog, options: ReportOptions, child_pid: int | None
+        cls,
+        catalog: Catalog,
+        options: ReportOptions,
+        child_pid: int | None,
+        host_watch: RunHostWatch | None,
     ) -> LiteSession:
+        """The session of a wrapped job on this host (`host_watch` was opened before it ran)."""
         return cls(
-            catalog, options, child_pid=child_pid, host=socket.gethostname(), watch_host=True
+            catalog,
+            options,
+            host=socket.gethostname(),
+            host_watch=host_watch,
+            child_pid=child_pid,
         )
 
     # -- the runner's AnalysisSession protocol ---------------------------------------------
@@ -122,7 +112,9 @@ class LiteSession:
         evidence = self.scanner.evidence
         explanations = {s.id: s.explain for s in self.catalog.signatures}
         if self.cgroup is not None:
-            found = self.cgroup.finish(f"e{len(evidence) + 1}", self.scanner.default_host)
+            found = self.cgroup.finish(
+                f"e{len(evidence) + 1}", self.scanner.default_host, self.child_pid
+            )
             if found is not None:
                 evidence.append(found)
                 explanations[CGROUP_OOM_SIGNATURE] = CGROUP_OOM_EXPLAIN
