@@ -7,6 +7,7 @@ denpex runs without it until a checksum is asked for. It never hashes anything b
 from __future__ import annotations
 
 import os
+from array import array
 from collections.abc import Iterable
 from types import ModuleType
 
@@ -34,16 +35,49 @@ def xxh3_128(data: bytes | bytearray | memoryview, seed: int = 0) -> int:
     return _xxhash().xxh3_128_intdigest(data, seed=seed)
 
 
-def xxh3_64_many(buffers: Iterable[bytes | bytearray | memoryview], seed: int = 0) -> list[int]:
-    """XXH3-64 of every buffer."""
+def _check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 or None, not {threads}")
+
+
+def xxh3_64_many(
+    buffers: Iterable[bytes | bytearray | memoryview],
+    seed: int = 0,
+    *,
+    packed: bool = False,
+    threads: int | None = None,
+) -> list[int] | array:
+    """XXH3-64 of every buffer: a list of ints, or with `packed=True` an `array('Q')`.
+
+    `threads` only caps the native module's hashing threads; here everything runs in the caller.
+    """
+    _check_threads(threads)
     digest = _xxhash().xxh3_64_intdigest
-    return [digest(b, seed=seed) for b in buffers]
+    digests = [digest(b, seed=seed) for b in buffers]
+    return array("Q", digests) if packed else digests
 
 
-def xxh3_128_many(buffers: Iterable[bytes | bytearray | memoryview], seed: int = 0) -> list[int]:
-    """XXH3-128 of every buffer."""
+def xxh3_128_many(
+    buffers: Iterable[bytes | bytearray | memoryview],
+    seed: int = 0,
+    *,
+    packed: bool = False,
+    threads: int | None = None,
+) -> list[int] | array:
+    """XXH3-128 of every buffer: a list of ints, or with `packed=True` an `array('Q')`.
+
+    Packed, each buffer takes two words: its high 64 bits, then its low 64 bits.
+    """
+    _check_threads(threads)
     digest = _xxhash().xxh3_128_intdigest
-    return [digest(b, seed=seed) for b in buffers]
+    digests = [digest(b, seed=seed) for b in buffers]
+    if not packed:
+        return digests
+    words = array("Q")
+    for value in digests:
+        words.append(value >> 64)
+        words.append(value & 0xFFFFFFFFFFFFFFFF)
+    return words
 
 
 def _file(path: str | os.PathLike[str], hasher) -> int:

@@ -1,18 +1,27 @@
 """Checksums are bit-identical to the `xxhash` package (the oracle), native and reference.
 
-Random buffers come from a printed seed; the native module is tested when it is built.
+Random buffers come from a printed seed; the native module is tested when it is built. Both the
+list and the packed (`array('Q')`) results of the `*_many` calls are checked, with and without
+hashing threads.
 """
 
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
 
 from denpex._native import checksum_ref
 from tests.native.native_support import native_module
 
 xxhash = pytest.importorskip("xxhash", reason="the oracle `xxhash` is not installed")
+
+HYPOTHESIS_SEED = 20261130
+MASK64 = (1 << 64) - 1
 
 
 def implementations():
@@ -30,6 +39,26 @@ def random_buffers(seed: int) -> list[bytes]:
     return [rng.randbytes(size) for size in sizes]
 
 
+def packed128(values: list[int]) -> array:
+    words = array("Q")
+    for value in values:
+        words.extend((value >> 64, value & MASK64))
+    return words
+
+
+def check_many(module, buffers, hash_seed: int, threads: int | None = None) -> None:
+    want64 = [xxhash.xxh3_64_intdigest(bytes(b), seed=hash_seed) for b in buffers]
+    want128 = [xxhash.xxh3_128_intdigest(bytes(b), seed=hash_seed) for b in buffers]
+    assert module.xxh3_64_many(buffers, hash_seed, threads=threads) == want64
+    assert module.xxh3_128_many(buffers, hash_seed, threads=threads) == want128
+    got64 = module.xxh3_64_many(buffers, hash_seed, packed=True, threads=threads)
+    got128 = module.xxh3_128_many(buffers, hash_seed, packed=True, threads=threads)
+    assert isinstance(got64, array) and got64.typecode == "Q"
+    assert isinstance(got128, array) and got128.typecode == "Q"
+    assert got64 == array("Q", want64)
+    assert got128 == packed128(want128)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 20261130])
 @pytest.mark.parametrize("hash_seed", [0, 1, 2**64 - 1])
 def test_identical_to_xxhash(seed, hash_seed):
@@ -42,6 +71,63 @@ def test_identical_to_xxhash(seed, hash_seed):
         assert module.xxh3_128_many(buffers, hash_seed) == want128
         assert module.xxh3_64(buffers[5], hash_seed) == want64[5]
         assert module.xxh3_128(buffers[5], hash_seed) == want128[5]
+        for threads in (None, 1, 3):
+            check_many(module, buffers, hash_seed, threads)
+
+
+def as_kind(data: bytes, kind: int):
+    if kind == 1:
+        return bytearray(data)
+    if kind == 2:
+        return memoryview(data)
+    if kind == 3:  # a view into the middle of a larger buffer
+        return memoryview(b"<" + data + b">")[1:-1]
+    return data
+
+
+buffer_lists = st.lists(
+    st.tuples(st.binary(max_size=600), st.integers(min_value=0, max_value=3)),
+    max_size=40,
+).map(lambda pairs: [as_kind(data, kind) for data, kind in pairs])
+
+
+@hypothesis_seed(HYPOTHESIS_SEED)
+@settings(max_examples=150, deadline=None)
+@given(
+    buffers=buffer_lists,
+    hash_seed=st.integers(min_value=0, max_value=2**64 - 1),
+    threads=st.sampled_from([None, 1, 2, 5]),
+)
+def test_hypothesis_identical_to_xxhash(buffers, hash_seed, threads):
+    print("hypothesis seed", HYPOTHESIS_SEED)
+    for module in implementations():
+        check_many(module, buffers, hash_seed, threads)
+
+
+@pytest.mark.parametrize("seed", [3, 20261130])
+def test_threaded_split_many_sizes(seed):
+    """Enough bytes that the native call hashes on several threads; every slice boundary holds."""
+    print("seed", seed)
+    rng = random.Random(seed)
+    buffers = [rng.randbytes(rng.choice((0, 1, 64, 4096, 70_000))) for _ in range(300)]
+    buffers += [bytearray(rng.randbytes(8192)) for _ in range(20)]
+    buffers += [memoryview(rng.randbytes(1 << 20))]
+    rng.shuffle(buffers)
+    for module in implementations():
+        for threads in (None, 1, 2, 4, 64):
+            check_many(module, buffers, 2**63 + seed, threads)
+
+
+def test_native_and_reference_agree():
+    buffers = random_buffers(11)
+    for module in implementations():
+        for packed in (False, True):
+            assert module.xxh3_64_many(buffers, 9, packed=packed) == checksum_ref.xxh3_64_many(
+                buffers, 9, packed=packed
+            )
+            assert module.xxh3_128_many(buffers, 9, packed=packed) == checksum_ref.xxh3_128_many(
+                buffers, 9, packed=packed
+            )
 
 
 def test_any_contiguous_buffer():
@@ -51,6 +137,17 @@ def test_any_contiguous_buffer():
         assert module.xxh3_64(bytearray(data)) == want
         assert module.xxh3_64(memoryview(data)) == want
         assert module.xxh3_64_many([]) == []
+        assert module.xxh3_64_many([], packed=True) == array("Q")
+        assert module.xxh3_128_many(iter([]), packed=True) == array("Q")
+        assert module.xxh3_64_many(iter([data, bytearray(data)])) == [want, want]
+
+
+def test_threads_must_be_positive():
+    for module in implementations():
+        with pytest.raises(ValueError):
+            module.xxh3_64_many([b"x"], threads=0)
+        with pytest.raises(ValueError):
+            module.xxh3_128_many([b"x"], packed=True, threads=-1)
 
 
 def test_files(tmp_path):
@@ -68,3 +165,9 @@ def test_native_rejects_non_buffers():
     module = native_module("checksum")
     with pytest.raises(TypeError):
         module.xxh3_64_many([b"ok", "not bytes"])
+    pinned = bytearray(b"pinned")
+    for packed in (False, True):
+        with pytest.raises(TypeError):
+            module.xxh3_128_many([pinned, memoryview(b"x"), 7], packed=packed)
+    pinned.extend(b" and released")  # a view left pinned would make this raise BufferError
+    assert module.xxh3_64_many([pinned]) == [xxhash.xxh3_64_intdigest(bytes(pinned))]
