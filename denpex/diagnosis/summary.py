@@ -84,7 +84,8 @@ def summarize(
     stamp = format_ts(root.event.ts_ns)
     when = f" at {stamp[11:19]} UTC" if stamp else ""
     title = root.summary or (taxonomy[root.category].title if root.category in taxonomy else "")
-    text = f"{title}" + (f" ({place}{when})." if place or when else ".")
+    inside = " ".join(part for part in (place, when.strip()) if part)
+    text = f"{title}" + (f" ({inside})." if inside else ".")
     if diagnosis.root_cause.rule == "warnings_on_failure":
         text = f"No error line matched; the strongest lead is a warning: {text}"
     symptoms = [

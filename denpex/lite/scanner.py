@@ -273,16 +273,12 @@ class Scanner:
                 event.rank = self.rank_of_device.get((event.host, device))
             if event.host is None and event.rank is not None:
                 event.host = self.host_of_rank.get(event.rank)
-        # a job whose summaries and NCCL lines name one host ran on that host alone
         named_hosts = {*self.host_of_rank.values(), *(h for h, _ in self.rank_of_gpu if h)}
-        only_host = _single(dict.fromkeys(named_hosts))
         for state in self.streams.values():
-            host = (
-                state.host
-                or _single(state.hosts_seen)
-                or _single(dict.fromkeys(state.nccl_hosts))
-                or only_host
-            )
+            # a default host only for a stream that names one host and one only: blaming the
+            # wrong node (and draining it) is worse than naming none
+            named = {*state.hosts_seen, *state.nccl_hosts, *named_hosts}
+            host = state.host or _single(dict.fromkeys(named))
             rank = state.rank if state.rank is not None else _single(state.ranks_seen)
             if host is None and rank is None:
                 continue

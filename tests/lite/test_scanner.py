@@ -80,3 +80,16 @@ def test_ranks_get_hosts_from_the_torchrun_summary():
 def test_pci_bus_id():
     assert pci_bus_id("0000:3b:00") == pci_bus_id("00000000:3B:00.0") == 0x3B000
     assert pci_bus_id("nonsense") is None
+
+
+def test_a_stream_naming_two_hosts_gives_no_default_host():
+    data = (
+        b"node1: [rank0]:" + OOM + b"\n"
+        b"node2: [rank9]:" + OOM + b"\n"
+        b"[Tue Mar 17 03:41:17 2026] NVRM: Xid (PCI:0000:ab:00): 79, pid=1, GPU has fallen off the bus.\n"
+    )
+    scanner = scan(data)
+    xid = next(e for e in scanner.evidence if e.category == "gpu.fallen_off_bus")
+    assert xid.event.host is None  # unknown beats wrong: the action would drain that node
+    single = scan(b"node1: [rank0]:" + OOM + b"\n[ 12.5] NVRM: Xid (PCI:0000:ab:00): 79, pid=1\n")
+    assert {e.event.host for e in single.evidence} == {"node1"}
