@@ -98,3 +98,25 @@ def test_root_cause_rank_and_host_where_labelled(results):
     print(f"attribution: {checked - len(wrong)}/{checked} host/rank values right")
     assert checked >= 60
     assert (checked - len(wrong)) / checked >= ATTRIBUTION_TARGET
+
+
+def test_confidence_is_calibrated_on_the_corpus(results):
+    """Per rule: how often it is right and the confidence it claims; right answers must carry
+    more confidence than wrong ones, so the number means something to a reader."""
+    by_rule: dict[str, list[tuple[bool, float]]] = {}
+    for entry, diagnosis in results:
+        root = diagnosis["root_cause"]
+        if root["category"] == "unknown":
+            continue
+        by_rule.setdefault(root["rule"], []).append(
+            (root["category"] == entry["category"], root["confidence"])
+        )
+    for rule, outcomes in sorted(by_rule.items()):
+        right = sum(ok for ok, _ in outcomes)
+        mean = sum(c for _, c in outcomes) / len(outcomes)
+        print(f"{rule:<24} right {right}/{len(outcomes)}  mean confidence {mean:.2f}")
+    all_outcomes = [o for outcomes in by_rule.values() for o in outcomes]
+    right = [c for ok, c in all_outcomes if ok]
+    wrong = [c for ok, c in all_outcomes if not ok]
+    if wrong:
+        assert sum(right) / len(right) > sum(wrong) / len(wrong)
