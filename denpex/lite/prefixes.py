@@ -93,6 +93,16 @@ def _tz(offset: bytes | None):
     return datetime.strptime(text, "%z").tzinfo
 
 
+def _iso_groups_to_ns(groups) -> int | None:
+    """UTC ns from the groups of `_ISO` (year … seconds, fraction, offset); None if invalid."""
+    yy, mon, day, hh, mm, ss, frac, offset = groups
+    try:
+        dt = datetime(int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset))
+    except ValueError:
+        return None
+    return _to_ns(dt, frac)
+
+
 def _year_now() -> int:
     return datetime.now(UTC).year
 
@@ -166,14 +176,10 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
     if out.ts_ns is None:
         found = _ISO.match(body)
         if found:
-            yy, mon, day, hh, mm, ss, frac, offset = found.groups()
-            try:
-                dt = datetime(
-                    int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset)
-                )
-            except ValueError:
+            ts_ns = _iso_groups_to_ns(found.groups())
+            if ts_ns is None:
                 return False
-            out.ts_ns, out.body = _to_ns(dt, frac), body[found.end() :]
+            out.ts_ns, out.body = ts_ns, body[found.end() :]
             if out.body.startswith(b"- "):  # Python logging's "%(asctime)s - %(name)s - …"
                 out.body = out.body[2:]
             tail = _ISO_SYSLOG_TAIL.match(out.body) if out.source == "log" else None
@@ -285,20 +291,7 @@ def year_in(text: bytes) -> int | None:
     return int(found.group(1) or found.group(2)) if found else None
 
 
-_ISO_TEXT = re.compile(
-    r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?$"
-)
-
-
 def iso_to_ns(text: str) -> int | None:
     """UTC ns of an ISO 8601 time such as Slurm's `2026-11-30T04:56:09` (naive = UTC)."""
-    found = _ISO_TEXT.match(text.strip())
-    if not found:
-        return None
-    yy, mon, day, hh, mm, ss, frac, offset = found.groups()
-    try:
-        tz = _tz(offset.encode() if offset else None)
-        dt = datetime(int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=tz)
-    except ValueError:
-        return None
-    return _to_ns(dt, frac.encode() if frac else None)
+    found = _ISO.match(text.strip().encode())
+    return _iso_groups_to_ns(found.groups()) if found else None
