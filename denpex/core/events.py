@@ -20,6 +20,10 @@ SOURCES = (
     "psi",
     "cgroup",
     "proc",
+    "numa",
+    "disk",
+    "pcie",
+    "agent",
     "nvml",
     "dcgm",
     "ib",
@@ -73,6 +77,43 @@ class Evidence:
     @property
     def is_failure(self) -> bool:
         return severity_rank(self.severity) >= _SEVERITY_RANK["error"]
+
+
+METRIC_RESERVED = ("value", "type")
+
+
+def metric(
+    name: str,
+    value: float,
+    *,
+    source: str,
+    counter: bool = False,
+    labels: dict[str, str] | None = None,
+    host: str | None = None,
+    ts_ns: int | None = None,
+    job: str | None = None,
+    rank: int | None = None,
+    pid: int | None = None,
+) -> Event:
+    """A `kind="metric"` event: `body` is the metric's name in Prometheus form without the
+    `denpex_` prefix (`psi_some_avg10_ratio`); `attrs` hold `value`, `type` (`gauge` or
+    `counter`) and, under every other key, its labels (strings)."""
+    attrs: dict[str, Any] = {"value": float(value), "type": "counter" if counter else "gauge"}
+    for key, label in (labels or {}).items():
+        if key in METRIC_RESERVED:
+            raise ValueError(f"metric label {key!r} is reserved")
+        attrs[key] = str(label)
+    return Event(
+        body=name,
+        ts_ns=ts_ns,
+        host=host,
+        source=source,
+        kind="metric",
+        job=job,
+        rank=rank,
+        pid=pid,
+        attrs=attrs,
+    )
 
 
 def format_ts(ts_ns: int | None) -> str | None:
