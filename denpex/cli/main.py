@@ -18,6 +18,7 @@ examples:
   python train.py 2>&1 | denpex scan --tee
   denpex scan --json node*/rank*.log kern.log
   denpex explain gpu.fallen_off_bus
+  denpex agent --once
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
 `denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
@@ -29,7 +30,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import doctor, explain, run, scan, signatures
+    from denpex.cli import agent, doctor, explain, run, scan, signatures
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     signatures.add_parser(commands)
     explain.add_parser(commands)
     doctor.add_parser(commands)
+    agent.add_parser(commands)
     return parser
 
 

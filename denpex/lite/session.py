@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from denpex.catalog import Catalog
 from denpex.core import jsonio
 from denpex.core.diagnosis import Diagnosis
+from denpex.core.wire import Registration
 from denpex.diagnosis import DiagnosisInput, diagnose
+from denpex.lite.agent_link import AgentLink, job_name
 from denpex.lite.hostwatch import (
     CGROUP_OOM_EXPLAIN,
     CGROUP_OOM_SIGNATURE,
@@ -60,6 +62,8 @@ class LiteSession:
         self.notes: list[str] = list(host_watch.notes) if host_watch else []
         self.kmsg: KmsgWatch | None = host_watch.kmsg if host_watch else None
         self.cgroup: CgroupMemoryWatch | None = host_watch.cgroup if host_watch else None
+        self.agent: AgentLink | None = None
+        self.agent_since_ns = time.time_ns()
 
     @classmethod
     def for_run(
@@ -69,14 +73,23 @@ class LiteSession:
         child_pid: int | None,
         host_watch: RunHostWatch | None,
     ) -> LiteSession:
-        """The session of a wrapped job on this host (`host_watch` was opened before it ran)."""
-        return cls(
+        """The session of a wrapped job on this host (`host_watch` was opened before it ran);
+        the job is registered with the node agent when one is running here."""
+        session = cls(
             catalog,
             options,
             host=socket.gethostname(),
             host_watch=host_watch,
             child_pid=child_pid,
         )
+        link = AgentLink.from_env()
+        if child_pid and link is not None:
+            registration = Registration(
+                pid=child_pid, job=job_name(child_pid), started_ns=session.agent_since_ns
+            )
+            if link.register(registration):
+                session.agent = link
+        return session
 
     # -- the runner's AnalysisSession protocol ---------------------------------------------
     def feed(self, stream: int, data: bytes, gap: bool) -> None:
@@ -124,6 +137,7 @@ class LiteSession:
                 self.notes.append(
                     f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them"
                 )
+        evidence.extend(self._agent_evidence(len(evidence)))
         stats = self.scanner.stats()
         stats.setdefault("dropped_analysis_bytes", 0)
         stats.update(extra_stats or {})
@@ -139,6 +153,25 @@ class LiteSession:
         )
         self.write_reports(self.diagnosis)
         return self.diagnosis
+
+    def _agent_evidence(self, numbered_from: int) -> list:
+        """What the node agent saw of this job, less the sources this run read itself."""
+        if self.agent is None or self.child_pid is None:
+            return []
+        found = self.agent.evidence(self.agent_since_ns, self.child_pid)
+        self.agent.unregister(self.child_pid)
+        if self.agent.reason:
+            self.notes.append(self.agent.reason)
+        seen_here = {"kmsg"} if self.kmsg is not None else set()
+        if self.cgroup is not None:
+            seen_here.add("cgroup")
+        kept = [e for e in found if e.event.source not in seen_here]
+        for offset, item in enumerate(kept, start=1):
+            item.event.attrs["agent_evidence_id"] = item.id
+            item.id = f"e{numbered_from + offset}"
+        if kept:
+            self.notes.append(f"{len(kept)} piece(s) of evidence from the node agent")
+        return kept
 
     def write_reports(self, diagnosis: Diagnosis) -> None:
         from denpex.lite.report_html import render_html

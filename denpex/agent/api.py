@@ -1,0 +1,176 @@
+"""The agent's local HTTP API: `/metrics`, `/healthz`, `/v1/evidence`, `/v1/register`.
+
+Serves on loopback by default. Registration changes what the agent attributes, so it is
+accepted from loopback clients only, whatever the listen address. Handlers only read
+snapshots: a slow client never holds a lock a collector needs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from denpex.agent.exposition import AgentView, render
+from denpex.core import jsonio
+from denpex.core.wire import Registration, WireError, evidence_to_dict
+
+MAX_BODY = 64 * 1024
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ApiError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[v6]:PORT' or ':PORT' (loopback) → (host, port); ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9478")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
+class AgentApi:
+    """The HTTP server in a background thread."""
+
+    def __init__(
+        self,
+        listen: str,
+        view: AgentView,
+        health: Callable[[], dict[str, Any]],
+    ) -> None:
+        host, port = parse_listen(listen)
+        self.view = view
+        self.health = health
+        api = self
+
+        class Handler(_Handler):
+            owner = api
+
+        server_class = _V6Server if ":" in host else ThreadingHTTPServer
+        self.server = server_class((host, port), Handler)
+        self.server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else str(host)
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -- routes -------------------------------------------------------------------------
+    def get(self, path: str, query: dict[str, list[str]]) -> tuple[HTTPStatus, str, bytes]:
+        if path == "/metrics":
+            return HTTPStatus.OK, PROMETHEUS_TEXT, render(self.view)
+        if path == "/healthz":
+            report = self.health()
+            status = HTTPStatus.OK if report["status"] == "ok" else HTTPStatus.SERVICE_UNAVAILABLE
+            return status, "application/json", jsonio.dumps(report)
+        if path == "/v1/evidence":
+            since = _int_param(query, "since") or 0
+            pid = _int_param(query, "pid")
+            job = query.get("job", [None])[0]
+            found = self.view.pipeline.evidence_since(since, pid=pid, job=job)
+            body = {"host": self.view.host, "evidence": [evidence_to_dict(e) for e in found]}
+            return HTTPStatus.OK, "application/json", jsonio.dumps(body)
+        if path == "/v1/jobs":
+            jobs = [r.to_dict() for r in self.view.pipeline.jobs.snapshot()]
+            return HTTPStatus.OK, "application/json", jsonio.dumps({"jobs": jobs})
+        raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
+
+    def post(self, path: str, body: bytes) -> tuple[HTTPStatus, str, bytes]:
+        if path != "/v1/register":
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
+        try:
+            registration = Registration.from_dict(jsonio.loads(body))
+        except WireError as exc:
+            raise ApiError(HTTPStatus.BAD_REQUEST, str(exc)) from None
+        except ValueError:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "the body is not JSON") from None
+        stored = self.view.pipeline.jobs.register(registration)
+        return HTTPStatus.CREATED, "application/json", jsonio.dumps(stored.to_dict())
+
+    def delete(self, path: str) -> tuple[HTTPStatus, str, bytes]:
+        head, _, pid = path.rpartition("/")
+        if head != "/v1/register" or not pid.isdigit():
+            raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
+        found = self.view.pipeline.jobs.unregister(int(pid))
+        if not found:
+            raise ApiError(HTTPStatus.NOT_FOUND, f"pid {pid} is not registered")
+        return HTTPStatus.NO_CONTENT, "application/json", b""
+
+
+def _int_param(query: dict[str, list[str]], name: str) -> int | None:
+    values = query.get(name)
+    if not values:
+        return None
+    try:
+        return int(values[0])
+    except ValueError:
+        raise ApiError(HTTPStatus.BAD_REQUEST, f"{name} must be an integer") from None
+
+
+class _V6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _Handler(BaseHTTPRequestHandler):
+    owner: AgentApi
+    server_version = "denpex-agent"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes every few seconds would flood the agent's log
+
+    def _respond(self, call: Callable[[], tuple[HTTPStatus, str, bytes]]) -> None:
+        try:
+            status, content_type, body = call()
+        except ApiError as exc:
+            status, content_type = exc.status, "application/json"
+            body = jsonio.dumps({"error": str(exc)})
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        self._respond(lambda: self.owner.get(url.path, parse_qs(url.query)))
+
+    def do_POST(self) -> None:
+        self._respond(lambda: self.owner.post(urlsplit(self.path).path, self._body()))
+
+    def do_DELETE(self) -> None:
+        self._respond(lambda: self._local_only() or self.owner.delete(urlsplit(self.path).path))
+
+    def _local_only(self) -> None:
+        if not ipaddress.ip_address(self.client_address[0].split("%")[0]).is_loopback:
+            raise ApiError(HTTPStatus.FORBIDDEN, "registration is accepted from this host only")
+
+    def _body(self) -> bytes:
+        self._local_only()
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise ApiError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "request body too large")
+        return self.rfile.read(length)

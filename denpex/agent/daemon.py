@@ -1,0 +1,221 @@
+"""The node agent: collectors → pipeline → local API, Prometheus, OTLP and the spool.
+
+`Agent` owns the pieces and their lifecycle (start, reload on SIGHUP, stop); it never reads
+a source itself. A collector that is unavailable here is listed with its reason and the
+rest run.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from denpex.agent.api import AgentApi
+from denpex.agent.config import AgentConfig
+from denpex.agent.exposition import AgentView
+from denpex.agent.jobs import JobTable
+from denpex.agent.pipeline import Pipeline
+from denpex.agent.registry import COLLECTORS
+from denpex.agent.scheduler import CollectorState, Scheduler
+from denpex.catalog import Catalog, load_catalog
+from denpex.core.events import Event, Evidence
+from denpex.host.base import CollectContext, Collector, Observation
+
+FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
+JOBS_REFRESH_S = 2.0  # how often descendants of registered processes are looked up
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        catalog: Catalog | None = None,
+        collector_classes: Sequence[type[Collector]] = COLLECTORS,
+        persist: bool = True,
+    ) -> None:
+        self.config = config
+        self.collector_classes = collector_classes
+        self.persist = persist
+        self.catalog = catalog or load_catalog(local=config.signatures_local)
+        self.jobs = JobTable(config.roots)
+        self.shipper: Any = None
+        self.pipeline = Pipeline(
+            self.catalog,
+            self.jobs,
+            host=config.host,
+            ring_size=config.evidence_ring,
+            metric_ttl_s=config.metric_ttl_s,
+        )
+        self.states: list[CollectorState] = []
+        self.unavailable: dict[str, str] = {}
+        self.scheduler: Scheduler | None = None
+        self.api: AgentApi | None = None
+        self.started_ns = time.time_ns()
+        self._stopping = threading.Event()
+
+    # -- collectors ---------------------------------------------------------------------
+    def build_collectors(self) -> None:
+        """Instantiate every enabled collector and keep those available here."""
+        self.states, self.unavailable = [], {}
+        for cls in self.collector_classes:
+            settings = self.config.collector(cls.name)
+            if not settings.enabled:
+                self.unavailable[cls.name] = "disabled in the configuration"
+                continue
+            options = dict(settings.options)
+            if self.persist:
+                state_dir = self.config.state_dir / cls.name
+                options.setdefault("state_dir", str(state_dir))
+            try:
+                collector = cls(self.config.roots, options)
+                ok, reason = collector.available()
+            except Exception as exc:  # a broken option must not take the agent down
+                self.unavailable[cls.name] = f"cannot start: {type(exc).__name__}: {exc}"
+                continue
+            if not ok:
+                collector.close()
+                self.unavailable[cls.name] = reason
+                continue
+            self.states.append(
+                CollectorState(
+                    collector,
+                    interval_s=settings.interval_s or cls.default_interval_s,
+                    budget_s=settings.budget_s or cls.default_budget_s,
+                )
+            )
+
+    def context(self) -> CollectContext:
+        return CollectContext(self.config.roots, self.config.host, self.jobs.snapshot())
+
+    def _on_result(self, state: CollectorState, found: list[Observation]) -> None:
+        self.pipeline.ingest(found)
+        for item in found:
+            if isinstance(item, Event) and item.source == "agent":
+                print(f"denpex agent: {item.body}", file=sys.stderr, flush=True)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        self.build_collectors()
+        self._start_shipper()
+        self.view = AgentView(
+            host=self.config.host,
+            pipeline=self.pipeline,
+            states=lambda: list(self.states),
+            unavailable=lambda: dict(self.unavailable),
+            help_texts=self.help_texts,
+            extra=[self._shipper_stats],
+        )
+        self.api = AgentApi(self.config.listen, self.view, self.health)
+        self.api.start()
+        self._start_scheduler()
+        threading.Thread(target=self._maintain_jobs, name="jobs", daemon=True).start()
+
+    def _maintain_jobs(self) -> None:
+        while not self._stopping.wait(JOBS_REFRESH_S):
+            self.jobs.expire()
+            self.jobs.refresh()
+
+    def _start_scheduler(self) -> None:
+        self.scheduler = Scheduler(self.states, self.context, self._on_result)
+        self.scheduler.start()
+
+    def _start_shipper(self) -> None:
+        if not self.config.otlp.get("endpoint"):
+            return
+        from denpex.agent.transport import build_shipper
+
+        self.shipper = build_shipper(self.config)
+        self.pipeline.evidence_sinks.append(self.shipper.submit_evidence)
+        self.pipeline.metric_sinks.append(self.shipper.submit_metrics)
+        self.shipper.start()
+
+    def _shipper_stats(self) -> dict[str, float]:
+        if self.shipper is None:
+            return {}
+        return {f"shipper_{k}": float(v) for k, v in self.shipper.stats().items()}
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for state in self.states:
+            state.collector.close()
+        if self.api is not None:
+            self.api.stop()
+        if self.shipper is not None:
+            self.shipper.stop(timeout=5.0)
+
+    def reload(self, config: AgentConfig) -> None:
+        """Apply a new configuration: collectors restart with their new settings; the
+        evidence ring, the registered jobs and the listen socket (unless changed) stay."""
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        for state in self.states:
+            state.collector.close()
+            self.pipeline.forget_metrics(state.name)
+        listen_changed = config.listen != self.config.listen
+        self.config = config
+        self.jobs.roots = config.roots
+        self.build_collectors()
+        if listen_changed and self.api is not None:
+            self.api.stop()
+            self.api = AgentApi(config.listen, self.view, self.health)
+            self.api.start()
+        self._start_scheduler()
+        threading.Thread(target=self._maintain_jobs, name="jobs", daemon=True).start()
+
+    def _maintain_jobs(self) -> None:
+        while not self._stopping.wait(JOBS_REFRESH_S):
+            self.jobs.expire()
+            self.jobs.refresh()
+
+    def collect_once(self) -> tuple[list[Event], list[Evidence]]:
+        """One poll of every available collector: (events, evidence), for `--once`."""
+        self.build_collectors()
+        scheduler = Scheduler(self.states, self.context, self._on_result)
+        events: list[Event] = []
+        evidence: list[Evidence] = []
+        for state in self.states:
+            found = scheduler.poll_once(state)
+            evidence.extend(self.pipeline.ingest(found))
+            events.extend(item for item in found if isinstance(item, Event))
+            if state.last_error:
+                self.unavailable[state.name] = f"poll failed: {state.last_error}"
+            state.collector.close()
+        return events, evidence
+
+    # -- health -------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        collectors = {}
+        blind = []
+        for state in list(self.states):
+            status = "ok"
+            if state.stuck:
+                status = "stuck"
+            elif state.consecutive_failures >= FAILING_AFTER:
+                status = "failing"
+            if status != "ok":
+                blind.append(state.name)
+            collectors[state.name] = {
+                "status": status,
+                "polls": state.polls_total,
+                "last_duration_s": round(state.last_duration_s, 6),
+                "last_error": state.last_error or None,
+            }
+        return {
+            "status": "unhealthy" if blind else "ok",
+            "host": self.config.host,
+            "blind": blind,
+            "collectors": collectors,
+            "unavailable": dict(self.unavailable),
+        }
+
+    def help_texts(self) -> dict[str, str]:
+        texts: dict[str, str] = {}
+        for cls in self.collector_classes:
+            texts.update(cls.metrics_help)
+        return texts

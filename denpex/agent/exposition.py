@@ -1,0 +1,108 @@
+"""Prometheus text exposition of the agent: collector values and the agent's own health.
+
+Formatting is prometheus_client's (escaping, `# HELP`/`# TYPE`); this module only decides
+names and labels. Every series is named `denpex_<name>`; counters end in `_total`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
+from denpex import __version__
+from denpex.agent.pipeline import Pipeline
+from denpex.agent.scheduler import CollectorState
+
+PREFIX = "denpex_"
+
+
+@dataclass
+class AgentView:
+    """Everything `/metrics` shows, read at scrape time."""
+
+    host: str
+    pipeline: Pipeline
+    states: Callable[[], list[CollectorState]]
+    unavailable: Callable[[], Mapping[str, str]]
+    help_texts: Callable[[], Mapping[str, str]]
+    extra: list[Callable[[], Mapping[str, float]]] = field(default_factory=list)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._collector_values()
+        yield from self._self_metrics()
+
+    def _collector_values(self) -> Iterator[Metric]:
+        helps = self.help_texts()
+        families: dict[str, Metric] = {}
+        for (name, labels), value in sorted(self.pipeline.metric_values().items()):
+            counter = value.type == "counter"
+            base = PREFIX + (name.removesuffix("_total") if counter else name)
+            family = families.get(base)
+            if family is None:
+                doc = helps.get(name, f"{name} as reported by the {value.source} collector")
+                family = families[base] = Metric(base, doc, "counter" if counter else "gauge")
+            family.add_sample(base + ("_total" if counter else ""), dict(labels), value.value)
+        yield from families.values()
+
+    def _self_metrics(self) -> Iterator[Metric]:
+        info = Metric(PREFIX + "agent", "denpex agent build and host", "info")
+        info.add_sample(PREFIX + "agent_info", {"version": __version__, "host": self.host}, 1)
+        yield info
+        jobs = _gauge("agent_watched_processes", "Job processes registered with this agent")
+        jobs.add_sample(jobs.name, {}, len(self.pipeline.jobs.snapshot()))
+        yield jobs
+
+        states = self.states()
+        up = _gauge("collector_up", "1 when the collector runs, 0 when unavailable here")
+        stuck = _gauge("collector_stuck", "1 while a poll has overrun the collector's budget")
+        duration = _gauge("collector_poll_duration_seconds", "Duration of the last poll")
+        success = _gauge("collector_last_poll_success", "1 when the last poll succeeded")
+        polls = _counter("collector_polls", "Polls started")
+        failures = _counter("collector_failures", "Polls that raised an error")
+        overruns = _counter("collector_overruns", "Polls that took longer than the budget")
+        events = _counter("collector_events", "Events and evidence produced")
+        for state in states:
+            labels = {"collector": state.name}
+            up.add_sample(up.name, labels, 1)
+            stuck.add_sample(stuck.name, labels, int(state.stuck))
+            duration.add_sample(duration.name, labels, state.last_duration_s)
+            success.add_sample(success.name, labels, int(state.last_success))
+            polls.add_sample(polls.name + "_total", labels, state.polls_total)
+            failures.add_sample(failures.name + "_total", labels, state.failures_total)
+            overruns.add_sample(overruns.name + "_total", labels, state.overruns_total)
+            events.add_sample(events.name + "_total", labels, state.events_total)
+        for name in sorted(self.unavailable()):
+            up.add_sample(up.name, {"collector": name}, 0)
+        yield from (up, stuck, duration, success, polls, failures, overruns, events)
+
+        evidence = _counter("evidence", "Evidence found, by failure category and severity")
+        for (category, severity), count in sorted(self.pipeline.stats.evidence_by_category.items()):
+            evidence.add_sample(
+                evidence.name + "_total", {"category": category, "severity": severity}, count
+            )
+        yield evidence
+        lines = _counter("lines_scanned", "Log lines matched against the signature catalog")
+        lines.add_sample(lines.name + "_total", {}, self.pipeline.stats.lines)
+        yield lines
+
+        for extra in self.extra:
+            for name, value in sorted(extra().items()):
+                counter = name.endswith("_total")
+                metric = (_counter if counter else _gauge)(name.removesuffix("_total"), name)
+                metric.add_sample(metric.name + ("_total" if counter else ""), {}, value)
+                yield metric
+
+
+def _gauge(name: str, doc: str) -> Metric:
+    return Metric(PREFIX + name, doc, "gauge")
+
+
+def _counter(name: str, doc: str) -> Metric:
+    return Metric(PREFIX + name, doc, "counter")
+
+
+def render(view: AgentView) -> bytes:
+    return generate_latest(view)  # type: ignore[arg-type]

@@ -1,0 +1,35 @@
+"""The one explicit list of collectors compiled into denpex (no plugin discovery, so the
+frozen binary sees every one). Order is the order `denpex doctor` and `/metrics` list them.
+"""
+
+from __future__ import annotations
+
+from denpex.host.base import Collector
+from denpex.host.cgroup import CgroupCollector
+from denpex.host.disk import DiskCollector
+from denpex.host.ebpf import EbpfCollector
+from denpex.host.journal import JournalCollector
+from denpex.host.kmsg import KmsgCollector
+from denpex.host.numa import NumaCollector
+from denpex.host.pcie import PcieCollector
+from denpex.host.proc import ProcCollector
+from denpex.host.psi import PsiCollector
+
+COLLECTORS: tuple[type[Collector], ...] = (
+    KmsgCollector,
+    JournalCollector,
+    PsiCollector,
+    CgroupCollector,
+    ProcCollector,
+    NumaCollector,
+    DiskCollector,
+    PcieCollector,
+    EbpfCollector,
+)
+
+
+def collector_class(name: str) -> type[Collector]:
+    for cls in COLLECTORS:
+        if cls.name == name:
+            return cls
+    raise KeyError(name)

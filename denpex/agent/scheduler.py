@@ -1,0 +1,163 @@
+"""Runs every collector at its own interval in its own thread, under its own time budget.
+
+A collector that overruns its budget is reported stuck (an event, a metric, and `/healthz`
+turns unhealthy) while the others keep their schedule: one hung source never delays
+another. Python cannot kill a thread, so a stuck poll is left to finish; it is not started
+again until it has.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from denpex.core.events import Event
+from denpex.host.base import CollectContext, Collector, Observation
+
+ContextFactory = Callable[[], CollectContext]
+ResultSink = Callable[["CollectorState", list[Observation]], None]
+
+
+@dataclass(slots=True)
+class CollectorState:
+    """What the agent knows about one collector, exported as its self-metrics."""
+
+    collector: Collector
+    interval_s: float
+    budget_s: float
+    polls_total: int = 0
+    failures_total: int = 0
+    consecutive_failures: int = 0
+    overruns_total: int = 0
+    events_total: int = 0
+    last_duration_s: float = 0.0
+    last_success: bool = True
+    last_error: str = ""
+    running_since: float | None = None  # monotonic start of the poll in flight
+    stuck: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.collector.name
+
+
+class Scheduler:
+    """Starts one worker thread per collector and a watchdog over their budgets."""
+
+    def __init__(
+        self,
+        states: list[CollectorState],
+        context: ContextFactory,
+        sink: ResultSink,
+        *,
+        watchdog_interval_s: float = 0.25,
+    ) -> None:
+        self.states = states
+        self.context = context
+        self.sink = sink
+        self.watchdog_interval_s = watchdog_interval_s
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for state in self.states:
+            thread = threading.Thread(
+                target=self._worker, args=(state,), name=f"collector-{state.name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        watchdog = threading.Thread(target=self._watchdog, name="collector-watchdog", daemon=True)
+        watchdog.start()
+        self._threads.append(watchdog)
+
+    def stop(self, timeout_s: float = 5.0) -> list[str]:
+        """Stop polling; returns the collectors whose poll did not end within the timeout."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [s.name for s in self.states if s.running_since is not None]
+
+    def healthy(self) -> bool:
+        with self._lock:
+            return not any(s.stuck for s in self.states)
+
+    def poll_once(self, state: CollectorState) -> list[Observation]:
+        """One poll of one collector, with its bookkeeping; never raises."""
+        started = time.monotonic()
+        with self._lock:
+            state.running_since = started
+        try:
+            found = state.collector.collect(self.context())
+            error = ""
+        except Exception as exc:  # a collector bug must not kill its thread
+            found = []
+            error = f"{type(exc).__name__}: {exc}"
+        duration = time.monotonic() - started
+        recovered = False
+        with self._lock:
+            state.running_since = None
+            state.polls_total += 1
+            state.last_duration_s = duration
+            state.last_success = not error
+            state.last_error = error
+            state.events_total += len(found)
+            if error:
+                state.failures_total += 1
+                state.consecutive_failures += 1
+            else:
+                state.consecutive_failures = 0
+            if duration > state.budget_s:
+                state.overruns_total += 1
+            if state.stuck:
+                state.stuck, recovered = False, True
+        if recovered:
+            found.append(
+                self._agent_event(
+                    state, f"collector {state.name} recovered after {duration:.1f} s", "recovered"
+                )
+            )
+        return found
+
+    def _worker(self, state: CollectorState) -> None:
+        next_due = time.monotonic()
+        while not self._stop.is_set():
+            found = self.poll_once(state)
+            if found:
+                self.sink(state, found)
+            # keep the cadence; a poll that overran skips the slots it missed
+            next_due += state.interval_s
+            now = time.monotonic()
+            if next_due < now:
+                next_due = now + state.interval_s
+            self._stop.wait(next_due - now)
+
+    def _watchdog(self) -> None:
+        while not self._stop.wait(self.watchdog_interval_s):
+            now = time.monotonic()
+            newly_stuck = []
+            with self._lock:
+                for state in self.states:
+                    started = state.running_since
+                    if started is not None and not state.stuck and now - started > state.budget_s:
+                        state.stuck = True
+                        newly_stuck.append(state)
+            for state in newly_stuck:
+                message = (
+                    f"collector {state.name} is stuck: its poll has run longer than its "
+                    f"{state.budget_s:g} s budget; its data is stale until it returns"
+                )
+                self.sink(state, [self._agent_event(state, message, "stuck")])
+
+    @staticmethod
+    def _agent_event(state: CollectorState, message: str, status: str) -> Event:
+        return Event(
+            body=message,
+            ts_ns=time.time_ns(),
+            source="agent",
+            kind="state",
+            attrs={"collector": state.name, "status": status},
+        )

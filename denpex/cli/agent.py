@@ -1,0 +1,167 @@
+"""`denpex agent`: the node agent as a daemon, or one collection with `--once`."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from denpex.cli.main import UsageError
+
+DESCRIPTION = """\
+Watch this node: the kernel log, the journal, pressure (PSI), cgroups, the processes of
+registered jobs, NUMA, disks, PCIe links and, where the kernel allows, eBPF. Every line is
+matched against the same signatures as `denpex scan`; evidence is attributed to the job,
+rank and pid it concerns.
+
+Serves on --listen (loopback by default): /metrics (Prometheus), /healthz (503 while a
+collector is stuck or failing), /v1/evidence?since=NS (recent evidence as JSON) and
+/v1/register (what `denpex run` uses). With an OTLP endpoint configured, evidence is
+spooled to disk and delivered at least once; metrics are sent best effort.
+
+SIGHUP reloads --config; SIGTERM or Ctrl-C stops.
+"""
+
+EPILOG = """\
+examples:
+  denpex agent --once                      # what this node shows right now
+  denpex agent --once --json | jq .evidence
+  denpex agent --config /etc/denpex/agent.yaml
+  denpex agent --listen 0.0.0.0:9478 --otlp-endpoint http://collector:4318
+"""
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser(
+        "agent",
+        help="run the node agent (or one collection with --once)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML settings (see defaults.yaml)")
+    parser.add_argument("--once", action="store_true", help="collect once, print, and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: JSON on stdout")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="local API address")
+    parser.add_argument("--host", metavar="NAME", help="node name in evidence (default: hostname)")
+    parser.add_argument(
+        "--state-dir", metavar="DIR", help="kernel-log position, journal cursor, spool"
+    )
+    parser.add_argument(
+        "--otlp-endpoint", metavar="URL", help="OTLP/HTTP base URL, e.g. http://c:4318"
+    )
+    parser.add_argument("--procfs", metavar="DIR", help="read /proc from DIR (tests, containers)")
+    parser.add_argument("--sysfs", metavar="DIR", help="read /sys from DIR")
+    parser.add_argument("--devfs", metavar="DIR", help="read /dev from DIR")
+    parser.add_argument(
+        "--collectors",
+        metavar="A,B",
+        help="run only these collectors (names as in `denpex doctor`)",
+    )
+    parser.set_defaults(handler=handle)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "listen": args.listen,
+        "host": args.host,
+        "state_dir": args.state_dir,
+        "otlp.endpoint": args.otlp_endpoint,
+        "roots.procfs": args.procfs,
+        "roots.sysfs": args.sysfs,
+        "roots.devfs": args.devfs,
+    }
+
+
+def load(args: argparse.Namespace):
+    from denpex.agent.config import CollectorConfig, ConfigError, load_config
+    from denpex.agent.registry import COLLECTORS
+
+    names = tuple(c.name for c in COLLECTORS)
+    try:
+        config = load_config(args.config, _overrides(args), known_collectors=names)
+    except ConfigError as exc:
+        raise UsageError("agent configuration " + str(exc)) from None
+    if args.collectors:
+        wanted = [n.strip() for n in args.collectors.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in names]
+        if unknown:
+            raise UsageError(
+                f"--collectors: unknown {', '.join(unknown)}; known: {', '.join(names)}"
+            )
+        for name in names:
+            config.collectors.setdefault(name, CollectorConfig()).enabled = name in wanted
+    return config
+
+
+def handle(args: argparse.Namespace) -> int:
+    from denpex.agent.daemon import Agent
+
+    if args.json and not args.once:
+        raise UsageError("--json goes with --once (the daemon serves JSON on /v1/evidence)")
+    config = load(args)
+    if args.once:
+        return _once(Agent(config, persist=False), args.json)
+    agent = Agent(config)
+    try:
+        agent.start()
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {config.listen}: {exc.strerror}") from None
+    assert agent.api is not None
+    print(
+        f"denpex agent: {config.host}: listening on {agent.api.url} "
+        f"({len(agent.states)} collectors; unavailable: "
+        + (", ".join(f"{k} ({v})" for k, v in agent.unavailable.items()) or "none")
+        + ")",
+        file=sys.stderr,
+        flush=True,
+    )
+    stop = threading.Event()
+    reload_requested = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
+    while not stop.wait(0.5):
+        if reload_requested.is_set():
+            reload_requested.clear()
+            try:
+                agent.reload(load(args))
+                print("denpex agent: configuration reloaded", file=sys.stderr, flush=True)
+            except UsageError as exc:
+                print(
+                    f"denpex agent: reload refused, keeping the old settings: {exc}",
+                    file=sys.stderr,
+                )
+    agent.stop()
+    return 0
+
+
+def _once(agent, as_json: bool) -> int:
+    from denpex.core import jsonio
+    from denpex.core.wire import event_to_dict, evidence_to_dict
+
+    events, evidence = agent.collect_once()
+    if as_json:
+        data = {
+            "host": agent.config.host,
+            "events": [event_to_dict(e) for e in events],
+            "evidence": [evidence_to_dict(e) for e in evidence],
+            "unavailable": agent.unavailable,
+        }
+        sys.stdout.buffer.write(jsonio.dumps(data, pretty=True) + b"\n")
+        return 0
+    print(f"{agent.config.host}: {len(events)} events from {len(agent.states)} collectors")
+    for name, reason in agent.unavailable.items():
+        print(f"  unavailable {name}: {reason}")
+    metrics = [e for e in events if e.kind == "metric"]
+    for event in metrics:
+        labels = ",".join(f"{k}={v}" for k, v in event.attrs.items() if k not in ("value", "type"))
+        value = event.attrs["value"]
+        shown = f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"
+        print(f"  {event.source:<15} {event.body}{{{labels}}} {shown}")
+    if evidence:
+        print("evidence:")
+    for item in evidence:
+        print(f"  [{item.severity}] {item.category}: {item.summary or item.event.body}")
+    return 0
