@@ -63,9 +63,9 @@ class AgentApi:
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        host = f"[{host}]" if ":" in str(host) else str(host)
-        return f"http://{host}:{port}"
+        address, port = self.server.server_address[:2]
+        host = address.decode() if isinstance(address, bytes) else str(address)
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -162,7 +162,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._respond(lambda: self.owner.post(urlsplit(self.path).path, self._body()))
 
     def do_DELETE(self) -> None:
-        self._respond(lambda: self._local_only() or self.owner.delete(urlsplit(self.path).path))
+        def delete() -> tuple[HTTPStatus, str, bytes]:
+            self._local_only()
+            return self.owner.delete(urlsplit(self.path).path)
+
+        self._respond(delete)
 
     def _local_only(self) -> None:
         if not ipaddress.ip_address(self.client_address[0].split("%")[0]).is_loopback:

@@ -21,7 +21,7 @@ from denpex.agent.pipeline import Pipeline
 from denpex.agent.registry import COLLECTORS
 from denpex.agent.scheduler import CollectorState, Scheduler
 from denpex.catalog import Catalog, load_catalog
-from denpex.core.events import Event, Evidence
+from denpex.core.events import Event, Evidence, metric
 from denpex.host.base import CollectContext, Collector, Observation
 
 FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
@@ -67,6 +67,8 @@ class Agent:
                 self.unavailable[cls.name] = "disabled in the configuration"
                 continue
             options = dict(settings.options)
+            if cls.name == "journal" and any(s.name == "kmsg" for s in self.states):
+                options.setdefault("skip_kernel", True)  # kernel lines come from kmsg already
             if self.persist:
                 state_dir = self.config.state_dir / cls.name
                 options.setdefault("state_dir", str(state_dir))
@@ -124,19 +126,66 @@ class Agent:
         self.scheduler.start()
 
     def _start_shipper(self) -> None:
-        if not self.config.otlp.get("endpoint"):
+        """With an OTLP endpoint: evidence through the disk spool (at least once), metrics as
+        a periodic snapshot (best effort)."""
+        otlp = self.config.otlp
+        if not otlp.get("endpoint"):
             return
-        from denpex.agent.transport import build_shipper
+        from denpex.agent.otlp import OtlpHttpExporter
+        from denpex.agent.shipper import Shipper
+        from denpex.agent.spool import Spool
 
-        self.shipper = build_shipper(self.config)
+        spool = self.config.spool
+        self.shipper = Shipper(
+            Spool(
+                self.config.state_dir / "spool",
+                max_bytes=int(spool["max_bytes"]),
+                max_age_s=float(spool["max_age_s"]),
+                fsync=str(spool["fsync"]),
+            ),
+            OtlpHttpExporter(
+                str(otlp["endpoint"]),
+                protocol=str(otlp["protocol"]),
+                headers={str(k): str(v) for k, v in (otlp.get("headers") or {}).items()},
+                timeout_s=float(otlp["timeout_s"]),
+            ),
+        )
         self.pipeline.evidence_sinks.append(self.shipper.submit_evidence)
-        self.pipeline.metric_sinks.append(self.shipper.submit_metrics)
         self.shipper.start()
+        interval = float(otlp.get("metrics_interval_s") or 30)
+        threading.Thread(
+            target=self._send_metrics, args=(interval,), name="otlp-metrics", daemon=True
+        ).start()
+
+    def _send_metrics(self, interval_s: float) -> None:
+        while not self._stopping.wait(interval_s):
+            snapshot = [
+                metric(
+                    name,
+                    value.value,
+                    source=value.source,
+                    counter=value.type == "counter",
+                    labels=dict(labels),
+                    host=self.config.host,
+                    ts_ns=value.ts_ns,
+                )
+                for (name, labels), value in self.pipeline.metric_values().items()
+            ]
+            self.shipper.submit_metrics(snapshot)
 
     def _shipper_stats(self) -> dict[str, float]:
         if self.shipper is None:
             return {}
-        return {f"shipper_{k}": float(v) for k, v in self.shipper.stats().items()}
+        stats = self.shipper.stats()
+        flat = {
+            "otlp_sent_total": stats["sent_total"],
+            "otlp_failed_exports_total": stats["failed_total"],
+            "otlp_backlog_records": stats["backlog"],
+            "otlp_last_success_timestamp_seconds": (stats["last_success_ns"] or 0) / 1e9,
+        }
+        for reason, count in stats["dropped_by_reason"].items():
+            flat[f"otlp_dropped_{reason}_total"] = count
+        return {k: float(v) for k, v in flat.items()}
 
     def stop(self) -> None:
         self._stopping.set()
@@ -166,12 +215,6 @@ class Agent:
             self.api = AgentApi(config.listen, self.view, self.health)
             self.api.start()
         self._start_scheduler()
-        threading.Thread(target=self._maintain_jobs, name="jobs", daemon=True).start()
-
-    def _maintain_jobs(self) -> None:
-        while not self._stopping.wait(JOBS_REFRESH_S):
-            self.jobs.expire()
-            self.jobs.refresh()
 
     def collect_once(self) -> tuple[list[Event], list[Evidence]]:
         """One poll of every available collector: (events, evidence), for `--once`."""

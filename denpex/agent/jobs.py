@@ -12,32 +12,24 @@ import threading
 import time
 from dataclasses import dataclass
 
-from denpex.core.roots import Roots, read_text
+from denpex.core.roots import Roots
 from denpex.core.wire import Registration
+from denpex.host import procfs
 
 MAX_ANCESTRY = 64
 
 
 def parent_pid(roots: Roots, pid: int) -> int | None:
-    """The parent of `pid` from /proc/<pid>/stat (the field after the parenthesised name)."""
-    text = read_text(roots.proc(pid, "stat"))
-    if not text:
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
+    stat = procfs.read_stat(roots, pid)
+    return stat.ppid if stat else None
 
 
 def cgroup_paths(roots: Roots, pid: int) -> list[str]:
-    """The cgroup paths /proc/<pid>/cgroup lists (one per hierarchy), deduplicated."""
-    text = read_text(roots.proc(pid, "cgroup")) or ""
+    """The cgroup paths of `pid` (one per hierarchy), deduplicated, without the root."""
     paths: list[str] = []
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[2] not in paths and parts[2] != "/":
-            paths.append(parts[2])
+    for entry in procfs.read_cgroups(roots, pid):
+        if entry.path not in paths and entry.path != "/":
+            paths.append(entry.path)
     return paths
 
 
@@ -87,30 +79,15 @@ class JobTable:
             return [entry.registration for entry in self._entries.values()]
 
     def refresh(self) -> int:
-        """Walk /proc once and remember every live descendant of a registered process;
-        returns how many are known. Costs nothing while no job is registered."""
+        """Remember every live descendant of a registered process; returns how many are
+        known. Costs nothing while no job is registered."""
         with self._lock:
-            roots_pids = set(self._entries)
-        if not roots_pids:
-            return 0
-        children: dict[int, list[int]] = {}
-        try:
-            names = os.listdir(self.roots.procfs)
-        except OSError:
-            return len(self._descendants)
-        for name in names:
-            if name.isdigit():
-                parent = parent_pid(self.roots, int(name))
-                if parent is not None:
-                    children.setdefault(parent, []).append(int(name))
+            registered = set(self._entries)
         found: dict[int, int] = {}
-        for root in roots_pids:
-            stack = list(children.get(root, ()))
-            while stack:
-                pid = stack.pop()
-                if pid not in found and pid not in roots_pids:
+        for root in registered:
+            for pid in procfs.descendants(self.roots, root):
+                if pid not in registered:
                     found[pid] = root
-                    stack.extend(children.get(pid, ()))
         with self._lock:
             self._descendants.update(found)
             return len(self._descendants)

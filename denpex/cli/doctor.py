@@ -16,7 +16,9 @@ def add_parser(commands) -> None:
         "doctor",
         help="check what denpex can see and use on this machine",
         description="Report the backends in use (compiled or pure Python), the signature "
-        "catalog, and the host evidence `denpex run` can gather here (kernel log, cgroups).",
+        "catalog, the host evidence `denpex run` can gather here (kernel log, cgroups), and "
+        "what the node agent can watch on this machine (kernel, BTF, BPF privileges, PSI, "
+        "cgroup version, NVML, InfiniBand, every collector), each with the reason when not.",
     )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.set_defaults(handler=handle)
@@ -72,7 +74,92 @@ def checks() -> list[tuple[str, bool, str]]:
             else "not found: cgroup OOM kills cannot be counted",
         )
     )
+    found.extend(node_checks())
     return found
+
+
+def node_checks() -> list[tuple[str, bool, str]]:
+    """What the node agent can use here: the kernel's facilities and every collector."""
+    from denpex.agent.registry import COLLECTORS
+    from denpex.core.roots import Roots
+
+    roots = Roots()
+    found: list[tuple[str, bool, str]] = [("kernel", True, platform.release())]
+    btf = roots.sys("kernel", "btf", "vmlinux")
+    found.append(
+        (
+            "BTF",
+            btf.exists(),
+            f"{btf}: CO-RE eBPF programs load without kernel headers"
+            if btf.exists()
+            else "no /sys/kernel/btf/vmlinux: the kernel was built without BTF; eBPF is off",
+        )
+    )
+    cap_bpf, cap_perfmon = _effective_caps(roots, (39, 38))
+    privileged = os.geteuid() == 0 or (cap_bpf and cap_perfmon)
+    found.append(
+        (
+            "BPF privileges",
+            privileged,
+            "root"
+            if os.geteuid() == 0
+            else ("CAP_BPF and CAP_PERFMON" if privileged else "needs root or CAP_BPF+CAP_PERFMON"),
+        )
+    )
+    psi = [r for r in ("cpu", "memory", "io") if roots.proc("pressure", r).exists()]
+    found.append(
+        (
+            "PSI",
+            bool(psi),
+            f"/proc/pressure: {', '.join(psi)}" if psi else "no /proc/pressure: boot with psi=1",
+        )
+    )
+    cgroup_root = roots.cgroup()
+    if (cgroup_root / "cgroup.controllers").exists():
+        version = "v2 (unified)"
+    elif (cgroup_root / "memory").is_dir():
+        version = "v1" + (" (hybrid)" if (cgroup_root / "unified").is_dir() else "")
+    else:
+        version = ""
+    found.append(("cgroups", bool(version), version or f"nothing mounted at {cgroup_root}"))
+    found.append(_nvml_check())
+    ib = roots.sys("class", "infiniband")
+    ports = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
+    found.append(
+        (
+            "InfiniBand",
+            bool(ports),
+            ", ".join(ports) if ports else f"no devices under {ib} (fine on a node without IB)",
+        )
+    )
+    for cls in COLLECTORS:
+        try:
+            collector = cls(roots, {})
+            ok, reason = collector.available()
+            collector.close()
+        except Exception as exc:  # doctor reports, it never crashes
+            ok, reason = False, f"{type(exc).__name__}: {exc}"
+        found.append((f"collector {cls.name}", ok, f"[{cls.stability}] {reason}"))
+    return found
+
+
+def _effective_caps(roots, bits: tuple[int, ...]) -> list[bool]:
+    try:
+        text = roots.proc("self", "status").read_text()
+        mask = int(next(x.split()[1] for x in text.splitlines() if x.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        mask = 0
+    return [bool(mask >> bit & 1) for bit in bits]
+
+
+def _nvml_check() -> tuple[str, bool, str]:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return "NVML", False, "libnvidia-ml.so.1 not found: no NVIDIA driver on this machine"
+    return "NVML", True, "libnvidia-ml.so.1 loads"
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -84,5 +171,5 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(jsonio.dumps(data, pretty=True) + b"\n")
     else:
         for name, ok, detail in results:
-            print(f"{'ok  ' if ok else 'WARN'} {name:<18} {detail}")
+            print(f"{'ok  ' if ok else 'WARN'} {name:<20} {detail}")
     return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from denpex.core.events import Event, Evidence
+from denpex.core.kmsg import parse_prefix, wall_ns_from_usec
 from denpex.lite.prefixes import ParsedLine, parse_line
 
 KMSG_RECORD_MAX = 8192
@@ -25,13 +26,6 @@ CGROUP_OOM_EXPLAIN = (
     "reached its memory limit. Lower host memory use (fewer DataLoader workers, smaller "
     "prefetch, no full-dataset copies in RAM) or raise the job's memory request."
 )
-
-
-def _wall_ns_from_uptime(uptime_s: float) -> int:
-    """Kernel-log times are seconds since boot; map them onto wall-clock time now."""
-    now_wall = time.time_ns()
-    now_mono = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    return now_wall - (now_mono - int(uptime_s * 1e9))
 
 
 class KmsgWatch:
@@ -72,8 +66,9 @@ class KmsgWatch:
                 break
             head, _, _ = raw.partition(b"\n")  # continuation lines (KEY=value) follow
             parsed = parse_line(head)
-            if "uptime_s" in parsed.attrs:
-                parsed.ts_ns = _wall_ns_from_uptime(parsed.attrs["uptime_s"])
+            prefix = parse_prefix(head)
+            if prefix is not None:
+                parsed.ts_ns = wall_ns_from_usec(prefix.usec)
             records.append(parsed)
         return records
 

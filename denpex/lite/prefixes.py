@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 
+from denpex.core.kmsg import parse_prefix
+
 _MONTHS = {
     m: i
     for i, m in enumerate(
@@ -21,7 +23,6 @@ _MONTHS = {
     )
 }
 
-_KMSG = re.compile(rb"^(\d{1,4}),(\d{1,20}),(\d{1,20}),[^;\n]{0,32};")
 _DMESG = re.compile(rb"^\[ {0,12}(\d{1,10}\.\d{1,9})\] ?")
 _DMESG_T = re.compile(
     rb"^\[(?:[A-Z][a-z]{2} )?([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\] ?"
@@ -239,14 +240,13 @@ def parse_line(line: bytes, year: int | None = None) -> ParsedLine:
     if line[:1] == b"{" and b'"MESSAGE"' in line:
         _parse_journal_json(line, out)
     else:
-        found = _KMSG.match(line)
-        if found:
-            prio, seq, usec = (int(g) for g in found.groups())
+        kmsg = parse_prefix(line)
+        if kmsg is not None:
             out.source = "kmsg"
-            out.attrs.update(kmsg_seq=seq, uptime_s=usec / 1e6, level=prio & 7)
-            if prio >> 3:  # written from user space, not by the kernel
+            out.attrs.update(kmsg_seq=kmsg.seq, uptime_s=kmsg.usec / 1e6, level=kmsg.prio & 7)
+            if kmsg.prio >> 3:  # written from user space, not by the kernel
                 out.attrs["userspace"] = True
-            out.body = line[found.end() :]
+            out.body = line[kmsg.message_start :]
     for _ in range(6):
         if not _strip_leading(out, year):
             break

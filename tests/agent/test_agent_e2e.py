@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from denpex.core import jsonio
 from tests import memcg
+from tests.agent.otlp_receiver import OtlpReceiver
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="writes /dev/kmsg: needs root")
 
@@ -168,3 +169,44 @@ def test_denpex_run_registers_its_job_and_unregisters_at_the_end(agent, tmp_path
     )
     assert done.stdout.strip() == "registered as 4711", done.stdout + done.stderr
     assert agent.get("/v1/jobs")["jobs"] == []
+
+
+def test_evidence_and_metrics_reach_an_otlp_endpoint_through_the_spool(tmp_path):
+    receiver = OtlpReceiver().start()
+    receiver.status = 503  # down when the evidence happens: it must wait in the spool
+    running = RunningAgent(
+        tmp_path,
+        f"otlp: {{endpoint: '{receiver.url}', metrics_interval_s: 0.5}}\n"
+        "spool: {fsync: always}\n",
+    )
+    try:
+        marker = random.randrange(10**8, 10**9)
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid={marker}, GPU has fallen off.\n")
+        time.sleep(1.5)
+        assert not [r for r in receiver.log_records() if str(marker) in r["body"]]
+        receiver.status = 200
+        records = wait_for(
+            lambda: [r for r in receiver.log_records() if str(marker) in r["body"]],
+            bool,
+            timeout=30,
+        )
+        assert records, f"nothing delivered; agent log: {running.log}"
+        (record,) = records
+        assert record["attrs"]["denpex.category"] == "gpu.fallen_off_bus"
+        assert record["resource"]["host.name"] and record["attrs"]["denpex.event_id"]
+        names = wait_for(
+            lambda: {
+                m.name
+                for r in receiver.metric_requests
+                for rm in r.resource_metrics
+                for sm in rm.scope_metrics
+                for m in sm.metrics
+            },
+            lambda found: "denpex_psi_some_avg10_ratio" in found,
+            timeout=10,
+        )
+        assert "denpex_psi_some_avg10_ratio" in names
+    finally:
+        running.stop()
+        receiver.stop()

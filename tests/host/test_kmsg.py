@@ -1,0 +1,227 @@
+"""The kmsg collector: real records injected into /dev/kmsg (root), resumption across a
+re-created collector, the per-poll cap, lost-record accounting, and job attribution."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from denpex.core.kmsg import KmsgRecord, format_record
+from denpex.core.roots import Roots
+from denpex.core.wire import Registration
+from denpex.host.base import CollectContext
+from denpex.host.kmsg import KmsgCollector, job_of, pid_in_message
+
+XID = b"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+OOM = (
+    b"<3>Out of memory: Killed process 4242 (python) total-vm:1234kB, anon-rss:5678kB, "
+    b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:100kB oom_score_adj:0\n"
+)
+
+needs_kmsg = pytest.mark.skipif(
+    not os.access("/dev/kmsg", os.R_OK | os.W_OK),
+    reason="needs read and write access to /dev/kmsg (run as root)",
+)
+
+
+def inject(*records: bytes) -> None:
+    """Write records into the kernel log; a fresh open per record because the kernel
+    rate-limits user-space writes per open file (kernel.printk_devkmsg=ratelimit)."""
+    for record in records:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            os.write(fd, record)
+        finally:
+            os.close(fd)
+
+
+def lines(observations) -> list:
+    return [o for o in observations if getattr(o, "kind", None) == "line"]
+
+
+def ctx(roots: Roots | None = None, jobs=()) -> CollectContext:
+    return CollectContext(roots=roots or Roots(), host="node7", jobs=jobs)
+
+
+def test_unavailable_without_kmsg_says_what_to_do(tmp_path):
+    collector = KmsgCollector(Roots(devfs=str(tmp_path)))
+    ok, reason = collector.available()
+    assert not ok
+    assert "root" in reason and "dmesg_restrict" in reason and "CAP_SYSLOG" in reason
+    assert collector.collect(ctx(Roots(devfs=str(tmp_path)))) == []
+
+
+def test_every_metric_has_help():
+    assert set(KmsgCollector.metrics_help) == {"kmsg_records_total", "kmsg_lost_records_total"}
+    assert KmsgCollector.stability == "stable" and KmsgCollector.default_interval_s <= 0.5
+
+
+@pytest.mark.parametrize(
+    "message,pid",
+    [
+        (OOM[3:].decode(), 4242),
+        (XID[3:].decode(), 1234),
+        ("INFO: task python:31337 blocked for more than 120 seconds.", 31337),
+        ("python[777]: segfault at 0 ip 00007f sp 00007ffd error 4 in libc.so.6", 777),
+        ("oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/job_42,task=python,pid=99,uid=0", 99),
+        ("EXT4-fs error (device nvme0n1p1): ext4_find_entry:1455: inode #2", None),
+    ],
+)
+def test_pid_in_message(message, pid):
+    assert pid_in_message(message) == pid
+
+
+def test_job_of_by_pid_then_cgroup():
+    jobs = [Registration(pid=10, job="a", rank=0), Registration(pid=20, job="b", cgroup="/j/b")]
+    assert job_of(10, None, jobs).job == "a"
+    assert job_of(99, "/j/b/step_0", jobs).job == "b"
+    assert job_of(99, "/j/bb", jobs) is None
+
+
+class ScriptedKmsg(KmsgCollector):
+    """The collector with its read() edge replaced by a list of raw records per poll."""
+
+    def __init__(self, polls: list[list[bytes]]) -> None:
+        super().__init__(Roots(), {})
+        self.polls = polls
+        self.fd = -1  # "opened"
+
+    def read_raw(self, limit: int) -> list[bytes]:
+        return self.polls.pop(0)[:limit]
+
+    def close(self) -> None:
+        self.fd = None
+
+
+def _raw(seq: int, message: str = "x") -> bytes:
+    return format_record(KmsgRecord(0, 6, seq, seq * 10, "-", message))
+
+
+def test_a_gap_in_seq_is_counted_as_lost_and_reported():
+    collector = ScriptedKmsg([[_raw(5), _raw(6)], [_raw(10), _raw(11)], [_raw(11), _raw(12)]])
+    first = collector.collect(ctx())
+    assert [e.attrs["kmsg_seq"] for e in lines(first)] == [5, 6]
+    second = collector.collect(ctx())
+    state = [o for o in second if o.kind == "state"]
+    assert len(state) == 1 and state[0].attrs["lost_records"] == 3
+    lost = [o for o in second if o.kind == "metric" and o.body == "kmsg_lost_records_total"]
+    assert lost[0].attrs["value"] == 3.0 and lost[0].attrs["type"] == "counter"
+    third = collector.collect(ctx())  # a repeated record is not delivered twice
+    assert [e.attrs["kmsg_seq"] for e in lines(third)] == [12]
+    assert not [o for o in third if o.kind == "state"]
+
+
+@needs_kmsg
+def test_injected_xid_and_oom_lines_arrive_with_seq_and_time():
+    collector = KmsgCollector(Roots())
+    assert collector.available()[0]
+    jobs = [Registration(pid=4242, job="llm-7b", rank=3, tenant="team-a")]
+    try:
+        collector.collect(ctx(jobs=jobs))  # opens at the end of the ring
+        inject(XID, OOM)
+        written_ns = time.time_ns()
+        events = lines(collector.collect(ctx(jobs=jobs)))
+    finally:
+        collector.close()
+    xid = [e for e in events if e.body == XID[3:-1].decode()]
+    oom = [e for e in events if e.body == OOM[3:-1].decode()]
+    assert len(xid) >= 1 and len(oom) >= 1
+    xid_event, oom_event = xid[-1], oom[-1]
+    assert xid_event.attrs["kmsg_seq"] < oom_event.attrs["kmsg_seq"]
+    for event, level in ((xid_event, 4), (oom_event, 3)):
+        assert event.source == "kmsg" and event.host == "node7"
+        assert abs(event.ts_ns - written_ns) < 1_000_000_000
+        assert event.attrs["level"] == level and event.attrs["facility"] == 1
+        assert event.attrs["userspace"] is True  # written from user space, trusted less
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        assert event.attrs["event_id"] == f"kmsg:{boot_id}:{event.attrs['kmsg_seq']}"
+    assert xid_event.pid == 1234 and xid_event.job is None
+    assert (oom_event.pid, oom_event.job, oom_event.rank, oom_event.tenant) == (
+        4242,
+        "llm-7b",
+        3,
+        "team-a",
+    )
+
+
+@needs_kmsg
+def test_restart_with_persisted_position_loses_and_repeats_nothing(tmp_path):
+    options = {"start": "persisted", "state_dir": str(tmp_path), "max_records_per_poll": 100000}
+    first = KmsgCollector(Roots(), options)
+    before = lines(first.collect(ctx()))  # no saved state: the whole ring
+    inject(b"<6>denpex-persist-one\n")
+    seen_one = lines(first.collect(ctx()))
+    last_seq = first.tracker.last
+    first.close()
+    assert any(e.body == "denpex-persist-one" for e in seen_one)
+    assert before and all(e.attrs["kmsg_seq"] <= last_seq for e in before + seen_one)
+
+    inject(b"<6>denpex-persist-two\n", b"<6>denpex-persist-three\n")  # while nothing reads
+    second = KmsgCollector(Roots(), options)
+    resumed = second.collect(ctx())
+    second.close()
+    seqs = [e.attrs["kmsg_seq"] for e in lines(resumed)]
+    assert seqs and min(seqs) == last_seq + 1  # the next record, none repeated
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # none skipped
+    bodies = [e.body for e in lines(resumed)]
+    assert "denpex-persist-two" in bodies and "denpex-persist-three" in bodies
+    assert "denpex-persist-one" not in bodies
+    assert second.tracker.lost == 0
+
+
+@needs_kmsg
+def test_a_new_boot_id_reads_the_ring_from_the_beginning(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "sys/kernel/random").mkdir(parents=True)
+    (proc / "sys/kernel/random/boot_id").write_text("boot-a\n")
+    roots = Roots(procfs=str(proc))
+    options = {"start": "persisted", "state_dir": str(tmp_path / "state")}
+    first = KmsgCollector(roots, options)
+    first.collect(ctx(roots))
+    inject(b"<6>denpex-boot-a\n")
+    first.collect(ctx(roots))
+    saved = first.tracker.last
+    first.close()
+    (proc / "sys/kernel/random/boot_id").write_text("boot-b\n")
+    second = KmsgCollector(roots, options)
+    events = lines(second.collect(ctx(roots)))
+    second.close()
+    assert min(e.attrs["kmsg_seq"] for e in events) < saved  # not resumed: a different boot
+    assert all(e.attrs["event_id"].startswith("kmsg:boot-b:") for e in events)
+
+
+@needs_kmsg
+def test_records_per_poll_are_capped_and_the_rest_come_next_poll(tmp_path):
+    options = {"start": "persisted", "state_dir": str(tmp_path), "max_records_per_poll": 5}
+    collector = KmsgCollector(Roots(), options)
+    try:
+        first = [e.attrs["kmsg_seq"] for e in lines(collector.collect(ctx()))]
+        second = [e.attrs["kmsg_seq"] for e in lines(collector.collect(ctx()))]
+    finally:
+        collector.close()
+    assert len(first) == 5 and len(second) == 5
+    assert second[0] == first[-1] + 1
+
+
+@pytest.mark.slow  # floods the shared kernel ring: other kernel-log readers lose records
+@needs_kmsg
+def test_overwritten_records_are_counted_for_real():
+    collector = KmsgCollector(Roots())
+    try:
+        collector.collect(ctx())
+        inject(b"<6>denpex-before-flood\n")
+        collector.collect(ctx())
+        filler = b"<6>denpex-flood " + b"x" * 900 + b"\n"
+        started = time.monotonic()
+        inject(*[filler] * 2000)  # ~2 MB: more than the ring holds
+        flood_s = time.monotonic() - started
+        observations = collector.collect(ctx())
+    finally:
+        collector.close()
+    state = [o for o in observations if o.kind == "state"]
+    assert state and state[0].attrs["lost_records"] > 0, f"flood took {flood_s:.2f}s"
+    lost = [o for o in observations if o.body == "kmsg_lost_records_total"]
+    assert lost[0].attrs["value"] == state[0].attrs["lost_records"]
