@@ -28,6 +28,8 @@ install_system_packages() {
 command -v dpkg >/dev/null && install_system_packages
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
+echo "== eBPF objects (CO-RE, from bpf/*.bpf.c)"
+"$PYTHON" bpf/build.py || echo "test-all: eBPF objects not built; the BPF tests will skip and say why"
 echo "== backends"
 "$PYTHON" -m denpex --version --verbose
 echo "== lint"

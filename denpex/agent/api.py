@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from denpex.agent.config import parse_listen
 from denpex.agent.exposition import AgentView, render
 from denpex.core import jsonio
 from denpex.core.wire import Registration, WireError, evidence_to_dict
@@ -28,15 +29,6 @@ class ApiError(Exception):
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """'HOST:PORT', '[v6]:PORT' or ':PORT' (loopback) → (host, port); ValueError otherwise."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9478")
-    host = host.strip("[]") or "127.0.0.1"
-    return host, int(port)
 
 
 class AgentApi:

@@ -57,6 +57,15 @@ class AgentConfig:
         return self.collectors.get(name) or CollectorConfig()
 
 
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT', '[v6]:PORT' or ':PORT' (loopback) → (host, port); ValueError otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:9478")
+    host = host.strip("[]") or "127.0.0.1"
+    return host, int(port)
+
+
 def defaults() -> dict[str, Any]:
     text = resources.files("denpex.agent").joinpath("defaults.yaml").read_text()
     return yaml.safe_load(text)
@@ -120,6 +129,10 @@ def _build(data: dict[str, Any], source: str, known: tuple[str, ...]) -> AgentCo
     endpoint = otlp.get("endpoint")
     if endpoint is not None and not str(endpoint).startswith(("http://", "https://")):
         problems.append("otlp.endpoint: an http:// or https:// URL")
+    try:
+        parse_listen(str(data.get("listen")))
+    except ValueError as exc:
+        problems.append(str(exc).replace("--listen", "listen"))
     for key in ("evidence_ring", "metric_ttl_s"):
         if not isinstance(data.get(key), int | float) or data[key] <= 0:
             problems.append(f"{key}: a positive number")

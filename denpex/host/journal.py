@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import orjson
 
+import denpex._native as native
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.host.base import CollectContext, Collector, Observation
@@ -27,6 +28,7 @@ from denpex.host.base import CollectContext, Collector, Observation
 STATE_FILE = "journal.json"
 READ_CHUNK = 65536
 STDERR_KEPT = 2048
+ENTRY_CAP = 1 << 20  # one journal entry as JSON; MESSAGE fields are capped far below this
 
 
 def journal_message(value: Any) -> str | None:
@@ -141,6 +143,7 @@ class JournalCollector(Collector):
     metrics_help: ClassVar[Mapping[str, str]] = {
         "journal_entries_total": "Journal entries read from journalctl.",
         "journal_restarts_total": "Times the journalctl process exited and was restarted.",
+        "journal_truncated_bytes_total": "Bytes cut from journal entries longer than 1 MiB.",
     }
 
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
@@ -151,7 +154,9 @@ class JournalCollector(Collector):
         self.cursor: str | None = self._load_cursor()
         self._saved_cursor = self.cursor
         self.proc: subprocess.Popen[bytes] | None = None
-        self.pending = b""
+        self.truncated_before = 0  # bytes cut by rings of earlier journalctl runs
+        self.ring = self._new_ring()
+        self.backlog: list[bytes] = []  # complete entries beyond one poll's cap
         self.stderr_tail = b""
         self.next_start = 0.0
         self.exits = 0
@@ -246,8 +251,16 @@ class JournalCollector(Collector):
         assert self.proc.stdout is not None and self.proc.stderr is not None
         _nonblocking(self.proc.stdout.fileno())
         _nonblocking(self.proc.stderr.fileno())
-        self.pending, self.stderr_tail = b"", b""
+        self.truncated_before += self.ring.truncated_bytes
+        self.ring, self.backlog, self.stderr_tail = self._new_ring(), [], b""
         return True
+
+    def _new_ring(self) -> Any:
+        """journalctl's output framed into entries by the shared ingest ring: twice one poll's
+        read, so nothing is ever dropped (the pipe holds journalctl back); an entry longer
+        than ENTRY_CAP is cut, counted, and then fails to parse."""
+        max_bytes = int(self.options.get("max_bytes_per_poll", 8 << 20))
+        return native.load("ringbuf").RingBuffer(2 * max_bytes, ENTRY_CAP)
 
     def _read(self, fd: int, max_bytes: int) -> tuple[bytes, bool]:
         """What the pipe holds now, up to max_bytes; True when the writer has gone."""
@@ -292,16 +305,14 @@ class JournalCollector(Collector):
         assert self.proc.stderr is not None
         limit = int(self.options.get("max_entries_per_poll", 5000))
         max_bytes = int(self.options.get("max_bytes_per_poll", 8 << 20))
-        data, gone = b"", False
-        if self.pending.count(b"\n") < limit:
+        gone = False
+        if len(self.backlog) < limit:
             data, gone = self._read(self.proc.stdout.fileno(), max_bytes)
+            self.ring.write(data)
+            self.backlog.extend(self.ring.read_lines())  # an incomplete entry waits for the rest
         err, _ = self._read(self.proc.stderr.fileno(), 65536)
         self.stderr_tail = (self.stderr_tail + err)[-STDERR_KEPT:]
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()  # an incomplete last line waits for the rest
-        if len(lines) > limit:
-            self.pending = b"\n".join([*lines[limit:], self.pending])
-            lines = lines[:limit]
+        lines, self.backlog = self.backlog[:limit], self.backlog[limit:]
         for line in lines:
             entry = parse_entry(line)
             if entry is None:
@@ -318,11 +329,12 @@ class JournalCollector(Collector):
         self._save_cursor()
         if gone and self.proc.poll() is None:
             gone = False
-        if gone and b"\n" not in self.pending:
+        if gone and not self.backlog:
             out.append(self._exited(ctx))
         for name, value in (
             ("journal_entries_total", self.entries_total),
             ("journal_restarts_total", self.exits),
+            ("journal_truncated_bytes_total", self.truncated_before + self.ring.truncated_bytes),
         ):
             out.append(
                 metric(name, value, source="journal", counter=True, host=ctx.host, ts_ns=ctx.now_ns)

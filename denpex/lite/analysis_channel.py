@@ -415,8 +415,11 @@ _guard = {"parent": 0, "pgid": 0}
 
 def _say_failed(exc: BaseException) -> None:
     text = " ".join(str(exc).split()) or type(exc).__name__
+    message = f"denpex: analysis failed: {type(exc).__name__}: {text}\n"
     with contextlib.suppress(Exception):
-        print(f"denpex: analysis failed: {type(exc).__name__}: {text}", file=sys.stderr, flush=True)
+        # one write(2): the job's own stderr shares the descriptor and must not land mid-line
+        sys.stderr.flush()
+        os.write(2, message.encode("utf-8", "replace"))
 
 
 def _parent_gone() -> None:

@@ -113,3 +113,10 @@ def test_doctor_reports_backends_and_host_sources():
     checks = {c["check"]: c for c in json.loads(result.stdout)}
     assert {"backend matcher", "signatures", "kernel log", "memory cgroup"} <= set(checks)
     assert checks["signatures"]["ok"] and "loaded" in checks["signatures"]["detail"]
+    # what the node agent can use here, every missing piece with its reason
+    assert {"kernel", "BTF", "BPF privileges", "PSI", "cgroups", "NVML", "InfiniBand"} <= set(
+        checks
+    )
+    collectors = {name for name in checks if name.startswith("collector ")}
+    assert "collector kmsg" in collectors and "collector ebpf" in collectors
+    assert all(checks[name]["detail"] for name in collectors)

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
-import uuid
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +12,7 @@ from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 from denpex.host.base import CollectContext
 from denpex.host.cgroup import CgroupCollector, CgroupSample, memory_near_limit, pids_near_limit
+from tests import memcg
 
 V2_PATH = "/kubepods.slice/kubepods-pod1f2e3d4c_aaaa_bbbb_cccc_000000000001.slice/cri-containerd-abc.scope"
 
@@ -101,59 +98,31 @@ def test_near_limit_decisions() -> None:
     assert not pids_near_limit(CgroupSample(pids=5, pids_limit=None), 0.1)
 
 
-MEMCG_V1 = Path("/sys/fs/cgroup/memory")
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="creating a memory cgroup needs root")
-@pytest.mark.skipif(
-    not (MEMCG_V1 / "memory.limit_in_bytes").exists(),
-    reason="needs the cgroup v1 memory controller at /sys/fs/cgroup/memory",
-)
+@pytest.mark.skipif(memcg.unavailable_reason() is not None, reason=str(memcg.unavailable_reason()))
 def test_real_oom_kill_in_a_v1_memory_cgroup() -> None:
-    name = f"denpex-test-{uuid.uuid4().hex[:12]}"
-    folder = MEMCG_V1 / name
-    folder.mkdir()
-    child = None
-    try:
-        (folder / "memory.limit_in_bytes").write_text(str(32 * 2**20))
-        # the child waits for a line on stdin, so it joins the cgroup before it allocates
-        child = subprocess.Popen(
-            [sys.executable, "-c", "import sys; sys.stdin.readline(); b = bytearray(200 << 20)"],
-            stdin=subprocess.PIPE,
-        )
-        (folder / "cgroup.procs").write_text(str(child.pid))
+    with memcg.memory_cgroup(32 << 20) as (folder, cgroup):
+        child = subprocess.Popen([sys.executable, "-c", memcg.HOG], stdin=subprocess.PIPE)
+        memcg.enter(folder, child.pid)  # before it allocates: it waits for a line on stdin
         roots = Roots()
         collector = CgroupCollector(roots)
-        job = Registration(pid=child.pid, job="oom-test", rank=1, tenant="t", cgroup=f"/{name}")
+        job = Registration(pid=child.pid, job="oom-test", rank=1, tenant="t", cgroup=cgroup)
         ctx = CollectContext(roots=roots, host="here", jobs=[job])
         assert evidence(collector.collect(ctx)) == []  # baseline
-        assert child.stdin is not None
-        child.stdin.write(b"go\n")
-        child.stdin.close()
-        assert child.wait(timeout=30) == -9  # SIGKILL from the OOM killer
+        child.communicate(b"go\n", timeout=30)
+        assert child.returncode == -9  # SIGKILL from the OOM killer
         kills = [
             e
             for e in evidence(collector.collect(ctx))
             if e.category == "host.oom_killed" and e.severity == "critical"
         ]
-        assert len(kills) == 1
-        ev = kills[0]
-        assert ev.signature == "host.oom_killed.cgroup_oom_kill" and ev.captures["count"] == "1"
-        assert ev.captures["cgroup"] == f"/{name}" and ev.event.attrs["cgroup"] == f"/{name}"
-        assert (ev.event.job, ev.event.rank, ev.event.tenant, ev.event.pid) == (
-            "oom-test",
-            1,
-            "t",
-            child.pid,
-        )
-        assert ev.captures["limit_bytes"] == str(32 * 2**20)
-    finally:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
-        for _ in range(50):  # the kernel may take a moment to release the dead task
-            try:
-                folder.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+    assert len(kills) == 1
+    ev = kills[0]
+    assert ev.signature == "host.oom_killed.cgroup_oom_kill" and ev.captures["count"] == "1"
+    assert ev.captures["cgroup"] == cgroup and ev.event.attrs["cgroup"] == cgroup
+    assert (ev.event.job, ev.event.rank, ev.event.tenant, ev.event.pid) == (
+        "oom-test",
+        1,
+        "t",
+        child.pid,
+    )
+    assert ev.captures["limit_bytes"] == str(32 << 20)
