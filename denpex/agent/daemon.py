@@ -21,8 +21,8 @@ from denpex.agent.pipeline import Pipeline
 from denpex.agent.registry import COLLECTORS
 from denpex.agent.scheduler import CollectorState, Scheduler
 from denpex.catalog import Catalog, load_catalog
+from denpex.core.collector import CollectContext, Collector, Observation
 from denpex.core.events import Event, Evidence, metric
-from denpex.host.base import CollectContext, Collector, Observation
 
 FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
 JOBS_REFRESH_S = 2.0  # how often descendants of registered processes are looked up
@@ -236,11 +236,13 @@ class Agent:
         collectors = {}
         blind = []
         for state in list(self.states):
-            status = "ok"
+            status, blind_reason = "ok", state.collector.degraded()
             if state.stuck:
                 status = "stuck"
             elif state.consecutive_failures >= FAILING_AFTER:
                 status = "failing"
+            elif blind_reason:
+                status = "degraded"
             if status != "ok":
                 blind.append(state.name)
             collectors[state.name] = {
@@ -248,6 +250,7 @@ class Agent:
                 "polls": state.polls_total,
                 "last_duration_s": round(state.last_duration_s, 6),
                 "last_error": state.last_error or None,
+                "degraded": blind_reason,
             }
         return {
             "status": "unhealthy" if blind else "ok",

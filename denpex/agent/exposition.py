@@ -17,6 +17,12 @@ from denpex.agent.pipeline import Pipeline
 from denpex.agent.scheduler import CollectorState
 
 PREFIX = "denpex_"
+# dcgm-exporter's names are kept as they are, so existing GPU dashboards work unchanged
+VERBATIM_PREFIXES = ("DCGM_",)
+
+
+def exported_name(name: str) -> str:
+    return name if name.startswith(VERBATIM_PREFIXES) else PREFIX + name
 
 
 @dataclass
@@ -39,7 +45,7 @@ class AgentView:
         families: dict[str, Metric] = {}
         for (name, labels), value in sorted(self.pipeline.metric_values().items()):
             counter = value.type == "counter"
-            base = PREFIX + (name.removesuffix("_total") if counter else name)
+            base = exported_name(name.removesuffix("_total") if counter else name)
             family = families.get(base)
             if family is None:
                 doc = helps.get(name, f"{name} as reported by the {value.source} collector")
@@ -58,6 +64,9 @@ class AgentView:
         states = self.states()
         up = _gauge("collector_up", "1 when the collector runs, 0 when unavailable here")
         stuck = _gauge("collector_stuck", "1 while a poll has overrun the collector's budget")
+        degraded = _gauge(
+            "collector_degraded", "1 while the collector cannot see its source (a stuck call)"
+        )
         duration = _gauge("collector_poll_duration_seconds", "Duration of the last poll")
         success = _gauge("collector_last_poll_success", "1 when the last poll succeeded")
         polls = _counter("collector_polls", "Polls started")
@@ -68,6 +77,7 @@ class AgentView:
             labels = {"collector": state.name}
             up.add_sample(up.name, labels, 1)
             stuck.add_sample(stuck.name, labels, int(state.stuck))
+            degraded.add_sample(degraded.name, labels, int(state.collector.degraded() is not None))
             duration.add_sample(duration.name, labels, state.last_duration_s)
             success.add_sample(success.name, labels, int(state.last_success))
             polls.add_sample(polls.name + "_total", labels, state.polls_total)
@@ -76,7 +86,7 @@ class AgentView:
             events.add_sample(events.name + "_total", labels, state.events_total)
         for name in sorted(self.unavailable()):
             up.add_sample(up.name, {"collector": name}, 0)
-        yield from (up, stuck, duration, success, polls, failures, overruns, events)
+        yield from (up, stuck, degraded, duration, success, polls, failures, overruns, events)
 
         evidence = _counter("evidence", "Evidence found, by failure category and severity")
         for (category, severity), count in sorted(self.pipeline.stats.evidence_by_category.items()):

@@ -17,6 +17,8 @@ from denpex.core.wire import Registration
 from denpex.host import procfs
 
 MAX_ANCESTRY = 64
+MAX_IDENTITIES = 4096
+IDENTITY_TTL_S = 60.0
 
 
 def parent_pid(roots: Roots, pid: int) -> int | None:
@@ -51,6 +53,7 @@ class JobTable:
         # descendants seen alive, so that the kernel's word on a process already reaped (the
         # OOM victim) is still attributed; refreshed by `refresh()`, pruned with the job
         self._descendants: dict[int, int] = {}
+        self._identities: dict[int, tuple[float, Registration | None]] = {}
 
     def register(self, registration: Registration) -> Registration:
         """Record a job process. When the caller gave no cgroup, the process's own is used,
@@ -114,8 +117,6 @@ class JobTable:
         with self._lock:
             entries = dict(self._entries)
             descendants = self._descendants
-        if not entries:
-            return None
         if pid is not None:
             current: int | None = pid
             for _ in range(MAX_ANCESTRY):
@@ -134,7 +135,25 @@ class JobTable:
                 own = entry.registration.cgroup
                 if own and own != "/" and (cgroup == own or cgroup.startswith(own + "/")):
                     return entry.registration
-        return None
+        return self._self_described(pid, cgroup)
+
+    def _self_described(self, pid: int | None, cgroup: str | None) -> Registration | None:
+        """An unregistered process still names its job: Slurm's environment and cgroup,
+        a launcher's RANK, a Kubernetes pod's cgroup. Remembered per pid (bounded), so the
+        kernel's word on it after it died is still attributed."""
+        if pid is not None:
+            now = time.monotonic()
+            seen_at, identity = self._identities.get(pid, (0.0, None))
+            # re-read a live process now and then: pids are reused
+            if now - seen_at > IDENTITY_TTL_S and self.roots.proc(pid).exists():
+                if len(self._identities) >= MAX_IDENTITIES:
+                    self._identities.pop(next(iter(self._identities)))
+                identity = procfs.process_identity(self.roots, pid)
+                self._identities[pid] = (now, identity)
+            if identity is not None:
+                return identity
+        job = procfs.identity_from_cgroup(cgroup) if cgroup else None
+        return Registration(pid=pid or 0, job=job) if job else None
 
 
 def _most_specific(paths: list[str]) -> str:

@@ -37,6 +37,7 @@ from denpex.core.events import METRIC_RESERVED, Event, Evidence
 
 SCOPE_NAME = "denpex"
 METRIC_PREFIX = "denpex_"
+VERBATIM_PREFIXES = ("DCGM_",)  # dcgm-exporter's names, kept so GPU dashboards match
 # Evidence.severity → (SeverityNumber, SeverityText), per the OTLP log data model.
 SEVERITY = {"info": (9, "INFO"), "warning": (13, "WARN"), "error": (17, "ERROR")}
 SEVERITY["critical"] = (21, "FATAL")
@@ -134,7 +135,7 @@ def encode_logs(
 
 def metric_name(event: Event) -> str:
     body = event.body
-    return body if body.startswith(METRIC_PREFIX) else METRIC_PREFIX + body
+    return body if body.startswith((METRIC_PREFIX, *VERBATIM_PREFIXES)) else METRIC_PREFIX + body
 
 
 def encode_metrics(

@@ -4,7 +4,7 @@ frozen binary sees every one). Order is the order `denpex doctor` and `/metrics`
 
 from __future__ import annotations
 
-from denpex.host.base import Collector
+from denpex.core.collector import Collector
 from denpex.host.cgroup import CgroupCollector
 from denpex.host.disk import DiskCollector
 from denpex.host.ebpf import EbpfCollector

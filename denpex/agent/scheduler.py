@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from denpex.core.collector import CollectContext, Collector, Observation
 from denpex.core.events import Event
-from denpex.host.base import CollectContext, Collector, Observation
 
 ContextFactory = Callable[[], CollectContext]
 ResultSink = Callable[["CollectorState", list[Observation]], None]

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext, Collector, Observation, detector_evidence
+from denpex.host.base import HostCollector
 from denpex.host.procfs import (
     attribute,
     job_cgroup,
@@ -129,7 +130,7 @@ def pids_near_limit(sample: CgroupSample, ratio: float) -> bool:
     )
 
 
-class CgroupCollector(Collector):
+class CgroupCollector(HostCollector):
     name = "cgroup"
     stability = "stable"
     default_interval_s = 10.0

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
-from denpex.host.base import CollectContext, Collector, Observation, detector_evidence
+from denpex.host.base import HostCollector
 
 SHM = "/dev/shm"
 LEVELS = ("ok", "warning", "error")
@@ -67,7 +68,7 @@ def category_for(path: str) -> str:
     return "host.shm_exhausted" if path.rstrip("/") == SHM else "host.disk_full"
 
 
-class DiskCollector(Collector):
+class DiskCollector(HostCollector):
     name = "disk"
     stability = "stable"
     default_interval_s = 30.0

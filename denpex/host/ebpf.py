@@ -15,11 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
 from denpex.host import bpf_loader, ebpf_layouts
-from denpex.host.base import CollectContext, Collector, Observation
+from denpex.host.base import HostCollector
 from denpex.host.ebpf_events import (
     METRICS_HELP,
     exit_event,
@@ -64,7 +65,7 @@ def bpf_dir(options: Mapping[str, Any]) -> Path:
     return Path(str(resources.files("denpex.host").joinpath("bpf")))
 
 
-class EbpfCollector(Collector):
+class EbpfCollector(HostCollector):
     name = "ebpf"
     stability = "experimental"
     default_interval_s = 5.0

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from denpex.core.collector import detector_evidence
 from denpex.core.events import Event, Evidence
-from denpex.host.base import detector_evidence
 from denpex.host.ebpf_layouts import OomVictim, ProcessExit, TcpFlow
 
 METRICS_HELP: dict[str, str] = {

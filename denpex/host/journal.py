@@ -21,9 +21,10 @@ from typing import Any, ClassVar
 import orjson
 
 import denpex._native as native
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
-from denpex.host.base import CollectContext, Collector, Observation
+from denpex.host.base import HostCollector
 
 STATE_FILE = "journal.json"
 READ_CHUNK = 65536
@@ -135,7 +136,7 @@ def _nonblocking(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
 
 
-class JournalCollector(Collector):
+class JournalCollector(HostCollector):
     name = "journal"
     stability = "experimental"
     default_interval_s = 0.5

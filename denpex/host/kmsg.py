@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.kmsg import SeqTracker, monotonic_to_wall_offset_ns, parse_record
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext, Collector, Observation
+from denpex.host.base import HostCollector
 
 RECORD_BUFFER = 16384  # the kernel refuses a read() shorter than the record (EINVAL)
 STATE_FILE = "kmsg.json"
@@ -64,7 +65,7 @@ def _cgroup_of(roots: Roots, pid: int) -> str | None:
     return None
 
 
-class KmsgCollector(Collector):
+class KmsgCollector(HostCollector):
     name = "kmsg"
     stability = "stable"
     default_interval_s = 0.25

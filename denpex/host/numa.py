@@ -11,10 +11,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext, Collector, Observation
+from denpex.host.base import HostCollector
 from denpex.host.procfs import (
     attribute,
     format_id_list,
@@ -79,7 +80,7 @@ def allowed_nodes(status: dict[str, str], cpu_owner: dict[int, int]) -> tuple[se
     return {cpu_owner[c] for c in cpus if c in cpu_owner}, set(mems)
 
 
-class NumaCollector(Collector):
+class NumaCollector(HostCollector):
     name = "numa"
     stability = "experimental"
     default_interval_s = 15.0

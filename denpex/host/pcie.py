@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
-from denpex.host.base import CollectContext, Collector, Observation, detector_evidence
+from denpex.host.base import HostCollector
 from denpex.host.procfs import parse_int_fields
 
 AER_KINDS = ("correctable", "nonfatal", "fatal")
@@ -97,7 +98,7 @@ def read_link(folder: Path) -> Link:
     )
 
 
-class PcieCollector(Collector):
+class PcieCollector(HostCollector):
     name = "pcie"
     stability = "experimental"
     default_interval_s = 60.0

@@ -19,10 +19,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext, Collector, Observation, detector_evidence
+from denpex.host.base import HostCollector
 from denpex.host.procfs import (
     attribute,
     parse_kb,
@@ -82,7 +83,7 @@ def fd_ratio(sample: ProcessSample) -> float | None:
     return sample.open_fds / sample.fd_limit
 
 
-class ProcCollector(Collector):
+class ProcCollector(HostCollector):
     name = "proc"
     stability = "stable"
     default_interval_s = 15.0

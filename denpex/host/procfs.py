@@ -8,7 +8,8 @@ scans more of /proc than one lookup needs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -301,6 +302,49 @@ def job_cgroup(roots: Roots, job: Registration, controller: str) -> str | None:
     if job.cgroup:
         return job.cgroup
     return cgroup_path_of(read_cgroups(roots, job.pid), controller)
+
+
+# where launchers put a process's rank, most specific first
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+_SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/step_(\w+))?")
+_POD_CGROUP = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+
+
+def identity_from_environ(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """(job, rank) a process's environment names: the Slurm job (and step), the rank a
+    launcher gave it; (None, None) for a process no scheduler started."""
+    job = env.get("SLURM_JOB_ID")
+    if job and env.get("SLURM_STEP_ID"):
+        job = f"{job}.{env['SLURM_STEP_ID']}"
+    rank = None
+    for name in RANK_VARIABLES:
+        if env.get(name, "").isdigit():
+            rank = int(env[name])
+            break
+    return job, rank
+
+
+def identity_from_cgroup(path: str) -> str | None:
+    """The job a cgroup path names: Slurm's `/job_<id>[/step_<n>]`, a Kubernetes pod's uid."""
+    found = _SLURM_CGROUP.search(path)
+    if found:
+        return found.group(1) + (f".{found.group(2)}" if found.group(2) else "")
+    pod = _POD_CGROUP.search(path)
+    return f"pod:{pod.group(1).replace('_', '-')}" if pod else None
+
+
+def process_identity(roots: Roots, pid: int) -> Registration | None:
+    """The job a process belongs to by its own marks (environment, cgroup path), for
+    processes nobody registered; None when it carries none or is gone."""
+    job, rank = identity_from_environ(parse_environ(read_bytes(roots.proc(pid, "environ")) or b""))
+    if job is None:
+        for entry in read_cgroups(roots, pid):
+            job = identity_from_cgroup(entry.path)
+            if job:
+                break
+    return Registration(pid=pid, job=job, rank=rank) if job else None
 
 
 def attribute(event: Event, job: Registration | None) -> Event:

@@ -17,10 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext, Collector, Observation, detector_evidence
+from denpex.host.base import HostCollector
 from denpex.host.procfs import attribute, job_cgroup
 
 RESOURCES = ("cpu", "memory", "io")
@@ -76,7 +77,7 @@ def _help() -> dict[str, str]:
     return help_text
 
 
-class PsiCollector(Collector):
+class PsiCollector(HostCollector):
     name = "psi"
     stability = "stable"
     default_interval_s = 10.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -210,3 +211,60 @@ def test_evidence_and_metrics_reach_an_otlp_endpoint_through_the_spool(tmp_path)
     finally:
         running.stop()
         receiver.stop()
+
+
+def test_sighup_reloads_the_configuration_file(tmp_path):
+    running = RunningAgent(tmp_path)
+    try:
+        assert (
+            "numa"
+            not in jsonio.loads(urllib.request.urlopen(running.url + "/healthz").read())[
+                "unavailable"
+            ]
+        )
+        config = tmp_path / "agent.yaml"
+        config.write_text(config.read_text() + "  numa: {enabled: false}\n")
+        running.proc.send_signal(signal.SIGHUP)
+        health = wait_for(
+            lambda: jsonio.loads(urllib.request.urlopen(running.url + "/healthz").read()),
+            lambda report: "numa" in report["unavailable"],
+            timeout=10,
+        )
+        assert health["unavailable"]["numa"] == "disabled in the configuration"
+        assert "numa" not in health["collectors"]
+        config.write_text("collectors: {nosuch: {}}\n")  # a broken file keeps the old settings
+        running.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "".join(running.log), lambda log: "reload refused" in log, timeout=10)
+        assert "reload refused" in "".join(running.log) and running.proc.poll() is None
+    finally:
+        running.stop()
+
+
+@pytest.mark.skipif(memcg.unavailable_reason() is not None, reason=str(memcg.unavailable_reason()))
+def test_denpex_run_adds_the_agents_evidence_to_its_diagnosis(agent, tmp_path):
+    report = tmp_path / "report.json"
+    env = {**os.environ, "DENPEX_AGENT_URL": agent.url}
+    health = jsonio.loads(urllib.request.urlopen(agent.url + "/healthz").read())
+    with memcg.memory_cgroup() as (folder, _cgroup):
+        run = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "denpex", "run", "--quiet", "--no-pty"),
+                *("--report", str(report), "--", sys.executable, "-c", memcg.HOG),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        time.sleep(1.0)  # denpex run has started its job and registered it
+        memcg.enter(folder, run.pid)
+        for child in Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split():
+            memcg.enter(folder, int(child))  # the job and denpex's analyzer
+        run.communicate(b"go\n", timeout=60)
+    diagnosis = jsonio.loads(report.read_text())
+    assert run.returncode == 137 and diagnosis["root_cause"]["category"] == "host.oom_killed"
+    if "ebpf" in health["unavailable"]:
+        pytest.skip("no eBPF here: the run read the kernel log and cgroup itself")
+    sources = {entry["source"] for entry in diagnosis["timeline"]}
+    assert "ebpf.oom" in sources, diagnosis
+    assert any("from the node agent" in note for note in diagnosis["notes"])

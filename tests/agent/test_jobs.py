@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -64,7 +65,7 @@ def test_cgroup_attribution_matches_the_job_cgroup_and_its_children_only():
     table.register(Registration(pid=999_999_998, job="42", cgroup="/slurm/uid_0/job_42"))
     assert table.lookup(cgroup="/slurm/uid_0/job_42/step_0/task_1").job == "42"
     assert table.lookup(cgroup="/slurm/uid_0/job_42").job == "42"
-    assert table.lookup(cgroup="/slurm/uid_0/job_420") is None
+    assert table.lookup(cgroup="/slurm/uid_0/job_420").job == "420"  # its own, not 42's
     assert table.lookup(cgroup="/") is None
 
 
@@ -77,3 +78,20 @@ def test_a_cgroup_the_agent_shares_is_not_used_for_attribution():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_unregistered_processes_are_attributed_by_their_own_slurm_marks():
+    env = {**os.environ, "SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5"}
+    env.pop("RANK", None)
+    proc = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        table = JobTable(Roots())
+        found = table.lookup(proc.pid)
+        assert found is not None and (found.job, found.rank) == ("4711.0", 5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert table.lookup(proc.pid).job == "4711.0"  # remembered after the process is gone
+    assert table.lookup(cgroup="/slurm/uid_0/job_99/step_batch/task_0").job == "99.batch"
+    pod = "/kubepods/burstable/pod1b4e28ba-2fa1-11d2-883f-0016d3cca427/abc"
+    assert table.lookup(cgroup=pod).job == "pod:1b4e28ba-2fa1-11d2-883f-0016d3cca427"

@@ -9,10 +9,10 @@ import pytest
 from denpex.agent.jobs import JobTable
 from denpex.agent.pipeline import Pipeline
 from denpex.catalog import load_catalog
+from denpex.core.collector import detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import detector_evidence
 
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 OOM = (

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from denpex.agent.config import load_config
 from denpex.agent.daemon import Agent
 from denpex.core import jsonio
+from denpex.core.collector import CollectContext, Collector
 from denpex.core.events import Event, metric
-from denpex.host.base import CollectContext, Collector
 
 RELEASE = threading.Event()
 

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.cgroup import CgroupCollector, CgroupSample, memory_near_limit, pids_near_limit
 from tests import memcg
 

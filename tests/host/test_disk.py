@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.host.base import CollectContext
 from denpex.host.disk import DiskCollector, Usage, category_for, fill_level
 
 

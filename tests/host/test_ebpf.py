@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, seed
 from hypothesis import strategies as st
 
+from denpex.core.collector import CollectContext
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 from denpex.host import ebpf_layouts as L
-from denpex.host.base import CollectContext
 from denpex.host.ebpf import EbpfCollector
 from denpex.host.ebpf_events import exit_event, hang_evidence, oom_observations
 from denpex.host.ebpf_targets import (

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from denpex.core.collector import CollectContext
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.journal import (
     JournalCollector,
     entry_event,

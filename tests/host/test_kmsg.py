@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from denpex.core.collector import CollectContext
 from denpex.core.kmsg import KmsgRecord, format_record
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.kmsg import KmsgCollector, job_of, pid_in_message
 
 XID = b"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"

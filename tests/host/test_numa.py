@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.numa import NumaCollector, allowed_nodes, parse_node_meminfo
 
 

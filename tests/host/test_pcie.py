@@ -3,9 +3,9 @@ this host's sysfs."""
 
 from __future__ import annotations
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.host.base import CollectContext
 from denpex.host.pcie import Link, PcieCollector, device_kind, parse_aer, parse_link_speed
 
 GPU = "0000:3b:00.0"

@@ -7,10 +7,10 @@ import subprocess
 import sys
 import time
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.proc import ProcCollector, resolve_job_pids, sample_process
 
 JOB = Registration(pid=100, job="train-42", rank=0, tenant="lab")

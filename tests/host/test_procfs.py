@@ -100,3 +100,18 @@ def test_resolve_job_pids_by_each_selector(fixture_roots) -> None:
     assert resolve_job_pids(roots, pod_uid="1f2e3d4c-aaaa-bbbb-cccc-000000000001") == [200]
     assert resolve_job_pids(roots, pid=103, slurm_job_id="420") == [103, 200]
     assert resolve_job_pids(roots) == []
+
+
+def test_identity_from_environ_and_cgroup_paths() -> None:
+    from denpex.host.procfs import identity_from_cgroup, identity_from_environ
+
+    assert identity_from_environ({"SLURM_JOB_ID": "12", "SLURM_PROCID": "3"}) == ("12", 3)
+    assert identity_from_environ({"RANK": "7", "SLURM_PROCID": "3"}) == (None, 7)
+    assert identity_from_environ({"RANK": "x"}) == (None, None)
+    assert identity_from_cgroup("/system.slice/sshd.service") is None
+    assert identity_from_cgroup("/slurm/uid_1000/job_812/step_2/task_0") == "812.2"
+    systemd_pod = (
+        "/kubepods.slice/kubepods-besteffort.slice/"
+        "kubepods-besteffort-pod1b4e28ba_2fa1_11d2_883f_0016d3cca427.slice/cri-containerd-1.scope"
+    )
+    assert identity_from_cgroup(systemd_pod) == "pod:1b4e28ba-2fa1-11d2-883f-0016d3cca427"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host.base import CollectContext
 from denpex.host.psi import PsiCollector, parse_psi
 
 JOB = Registration(pid=4242, job="train-42", rank=3, tenant="team-a")
