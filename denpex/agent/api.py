@@ -22,6 +22,7 @@ from denpex.core import jsonio
 from denpex.core.wire import Registration, WireError, evidence_to_dict
 
 MAX_BODY = 64 * 1024
+FRESH_TIMEOUT_S = 2.0  # `fresh=1`: the longest a caller waits for every collector to poll
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -39,10 +40,12 @@ class AgentApi:
         listen: str,
         view: AgentView,
         health: Callable[[], dict[str, Any]],
+        refresh: Callable[[float], list[str]] | None = None,
     ) -> None:
         host, port = parse_listen(listen)
         self.view = view
         self.health = health
+        self.refresh = refresh
         api = self
 
         class Handler(_Handler):
@@ -81,8 +84,15 @@ class AgentApi:
             since = _int_param(query, "since") or 0
             pid = _int_param(query, "pid")
             job = query.get("job", [None])[0]
+            late: list[str] = []
+            if query.get("fresh", ["0"])[0] == "1" and self.refresh is not None:
+                late = self.refresh(FRESH_TIMEOUT_S)  # poll everything now: nothing in flight
             found = self.view.pipeline.evidence_since(since, pid=pid, job=job)
-            body = {"host": self.view.host, "evidence": [evidence_to_dict(e) for e in found]}
+            body = {
+                "host": self.view.host,
+                "evidence": [evidence_to_dict(e) for e in found],
+                "not_refreshed": late,
+            }
             return HTTPStatus.OK, "application/json", jsonio.dumps(body)
         if path == "/v1/jobs":
             jobs = [r.to_dict() for r in self.view.pipeline.jobs.snapshot()]

@@ -111,10 +111,15 @@ class Agent:
             help_texts=self.help_texts,
             extra=[self._shipper_stats],
         )
-        self.api = AgentApi(self.config.listen, self.view, self.health)
+        self.api = AgentApi(self.config.listen, self.view, self.health, self.refresh)
         self.api.start()
         self._start_scheduler()
         threading.Thread(target=self._maintain_jobs, name="jobs", daemon=True).start()
+
+    def refresh(self, timeout_s: float) -> list[str]:
+        """Poll every collector now (for a caller that wants current evidence)."""
+        scheduler = self.scheduler
+        return scheduler.refresh(timeout_s) if scheduler is not None else []
 
     def _maintain_jobs(self) -> None:
         while not self._stopping.wait(JOBS_REFRESH_S):
@@ -212,7 +217,7 @@ class Agent:
         self.build_collectors()
         if listen_changed and self.api is not None:
             self.api.stop()
-            self.api = AgentApi(config.listen, self.view, self.health)
+            self.api = AgentApi(config.listen, self.view, self.health, self.refresh)
             self.api.start()
         self._start_scheduler()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from denpex.core.collector import CollectContext, Collector, Observation
 from denpex.core.events import Event
@@ -37,6 +37,8 @@ class CollectorState:
     last_error: str = ""
     running_since: float | None = None  # monotonic start of the poll in flight
     stuck: bool = False
+    wake: threading.Event = field(default_factory=threading.Event)  # poll now, not at the due time
+    delivered_total: int = 0  # polls whose results the sink has taken
 
     @property
     def name(self) -> str:
@@ -76,10 +78,34 @@ class Scheduler:
     def stop(self, timeout_s: float = 5.0) -> list[str]:
         """Stop polling; returns the collectors whose poll did not end within the timeout."""
         self._stop.set()
+        for state in self.states:
+            state.wake.set()
         deadline = time.monotonic() + timeout_s
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [s.name for s in self.states if s.running_since is not None]
+
+    def refresh(self, timeout_s: float) -> list[str]:
+        """Poll every collector now and wait (at most `timeout_s`) until each has finished a
+        poll that started after this call: what a caller reads next is current. Returns the
+        collectors that did not make it (stuck, or slower than the timeout)."""
+        with self._lock:
+            wanted = {
+                s.name: s.delivered_total + (2 if s.running_since is not None else 1)
+                for s in self.states
+                if not s.stuck
+            }
+        for state in self.states:
+            if state.name in wanted:
+                state.wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                late = [s.name for s in self.states if s.delivered_total < wanted.get(s.name, 0)]
+            if not late:
+                return []
+            time.sleep(0.01)
+        return late
 
     def healthy(self) -> bool:
         with self._lock:
@@ -128,12 +154,17 @@ class Scheduler:
             found = self.poll_once(state)
             if found:
                 self.sink(state, found)
+            with self._lock:
+                state.delivered_total += 1
             # keep the cadence; a poll that overran skips the slots it missed
             next_due += state.interval_s
             now = time.monotonic()
             if next_due < now:
                 next_due = now + state.interval_s
-            self._stop.wait(next_due - now)
+            state.wake.wait(next_due - now)
+            if state.wake.is_set():
+                state.wake.clear()
+                next_due = time.monotonic()
 
     def _watchdog(self) -> None:
         while not self._stop.wait(self.watchdog_interval_s):

@@ -18,6 +18,7 @@ from denpex.core.wire import Registration, WireError, evidence_from_dict
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9478"
 TIMEOUT_S = 0.5
+FRESH_TIMEOUT_S = 3.0  # the agent waits up to 2 s for its collectors, then answers
 
 
 class AgentLink:
@@ -34,12 +35,14 @@ class AgentLink:
         url = os.environ.get("DENPEX_AGENT_URL", DEFAULT_AGENT_URL)
         return None if url.lower() in ("", "off", "none", "0") else cls(url)
 
-    def _call(self, method: str, path: str, body: bytes | None = None) -> bytes | None:
+    def _call(
+        self, method: str, path: str, body: bytes | None = None, timeout_s: float | None = None
+    ) -> bytes | None:
         request = urllib.request.Request(self.url + path, data=body, method=method)
         if body is not None:
             request.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as response:
                 return response.read()
         except urllib.error.HTTPError as exc:
             self.reason = f"agent at {self.url} answered {exc.code} to {method} {path}"
@@ -54,8 +57,11 @@ class AgentLink:
         return self._call("DELETE", f"/v1/register/{pid}") is not None
 
     def evidence(self, since_ns: int, pid: int) -> list[Evidence]:
-        """The agent's evidence about `pid` (and the job it registered) since `since_ns`."""
-        body = self._call("GET", "/v1/evidence?" + urlencode({"since": since_ns, "pid": pid}))
+        """The agent's evidence about `pid` (and the job it registered) since `since_ns`,
+        after the agent polled its sources once more: the kernel's last word on a job that
+        just died (its OOM victim record) is often younger than the agent's last poll."""
+        query = urlencode({"since": since_ns, "pid": pid, "fresh": 1})
+        body = self._call("GET", "/v1/evidence?" + query, timeout_s=FRESH_TIMEOUT_S)
         if body is None:
             return []
         try:

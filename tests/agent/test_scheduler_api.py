@@ -170,3 +170,47 @@ def test_reload_restarts_collectors_with_new_settings(agent, tmp_path):
     assert [s.name for s in agent.states] == ["ticking"]
     assert agent.unavailable["hanging"] == "disabled in the configuration"
     assert get(agent.api.url + "/healthz")[0] == 200
+
+
+OOM_LINE = (
+    "Out of memory: Killed process 4242 (python) total-vm:1234kB, anon-rss:5678kB, "
+    "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:100kB oom_score_adj:0"
+)
+
+
+class Slow(Collector):
+    """Polls once a minute: only a refresh makes it poll again within the test."""
+
+    name = "slow"
+    default_interval_s = 60.0
+    default_budget_s = 1.0
+
+    def __init__(self, roots, options=None):
+        super().__init__(roots, options)
+        self.polls = 0
+
+    def available(self):
+        return True, "always"
+
+    def collect(self, ctx):
+        self.polls += 1
+        if self.polls == 2:  # what the kernel said after the first poll
+            return [Event(body=OOM_LINE, source="kmsg")]
+        return []
+
+
+def test_fresh_evidence_polls_every_collector_before_answering(tmp_path):
+    config = load_config(overrides={"listen": "127.0.0.1:0", "state_dir": str(tmp_path)})
+    agent = Agent(config, collector_classes=(Slow,))
+    agent.start()
+    try:
+        slow = agent.states[0]
+        assert wait_for(lambda: slow.delivered_total == 1)
+        assert jsonio.loads(get(agent.api.url + "/v1/evidence?since=0")[1])["evidence"] == []
+        status, body = get(agent.api.url + "/v1/evidence?since=0&fresh=1")
+        reply = jsonio.loads(body)
+        assert status == 200 and reply["not_refreshed"] == []
+        assert [e["category"] for e in reply["evidence"]] == ["host.oom_killed"]
+        assert slow.collector.polls == 2
+    finally:
+        agent.stop()
