@@ -11,7 +11,7 @@ import errno
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -19,7 +19,6 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.kmsg import SeqTracker, monotonic_to_wall_offset_ns, parse_record
 from denpex.core.roots import Roots, read_text
-from denpex.core.wire import Registration
 from denpex.host.base import HostCollector
 
 RECORD_BUFFER = 16384  # the kernel refuses a read() shorter than the record (EINVAL)
@@ -40,29 +39,6 @@ def pid_in_message(message: str) -> int | None:
     if found is None:
         return None
     return int(next(g for g in found.groups() if g is not None))
-
-
-def job_of(
-    pid: int | None, cgroup: str | None, jobs: Sequence[Registration]
-) -> Registration | None:
-    """The registered job a pid (or a memory cgroup path) belongs to, if any."""
-    for job in jobs:
-        if pid is not None and job.pid == pid:
-            return job
-    if cgroup:
-        for job in jobs:
-            if job.cgroup and (cgroup == job.cgroup or cgroup.startswith(job.cgroup + "/")):
-                return job
-    return None
-
-
-def _cgroup_of(roots: Roots, pid: int) -> str | None:
-    text = read_text(roots.proc(pid, "cgroup"))
-    for line in (text or "").splitlines():
-        _, controllers, path = [*line.split(":", 2), "", ""][:3]
-        if "memory" in controllers.split(",") or controllers == "":
-            return path
-    return None
 
 
 class KmsgCollector(HostCollector):
@@ -228,17 +204,14 @@ class KmsgCollector(HostCollector):
         return out
 
     def _attribute(self, event: Event, message: str, ctx: CollectContext) -> None:
+        """Name the process (and memory cgroup) a message is about; the agent maps them to a
+        job, since the subject has often been reaped before anyone reads the record."""
         pid = pid_in_message(message)
-        if pid is None:
-            return
-        event.pid = pid
-        if not ctx.jobs:
-            return
+        if pid is not None:
+            event.pid = pid
         memcg = _MEMCG_IN_MESSAGE.search(message)
-        cgroup = memcg.group(1) if memcg else _cgroup_of(ctx.roots, pid)
-        job = job_of(pid, cgroup, ctx.jobs)
-        if job is not None:
-            event.job, event.rank, event.tenant = job.job, job.rank, job.tenant
+        if memcg:
+            event.attrs["cgroup"] = memcg.group(1)
 
     def close(self) -> None:
         if self.fd is not None:
