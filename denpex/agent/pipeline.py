@@ -139,18 +139,7 @@ class Pipeline:
             captures = signature.captures(bodies[match.line_index])
             if event.job is None and captures.get("pid", "").isdigit():
                 self._attribute(event, captures)
-            found.append(
-                Evidence(
-                    id="",
-                    event=event,
-                    signature=signature.id,
-                    category=signature.category,
-                    severity=signature.severity,
-                    captures=captures,
-                    summary=signature.render_summary(captures),
-                    action=signature.action,
-                )
-            )
+            found.append(signature.evidence(event, captures))
         return found
 
     def _record(self, found: list[Evidence], metrics: list[Event]) -> None:

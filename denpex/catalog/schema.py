@@ -18,7 +18,7 @@ from denpex._native.literals import (
     portability_errors,
 )
 from denpex.core.diagnosis import ACTIONS
-from denpex.core.events import SEVERITIES, SOURCES
+from denpex.core.events import SEVERITIES, SOURCES, Event, Evidence
 from denpex.core.taxonomy import Taxonomy
 
 REQUIRED_KEYS = (
@@ -80,6 +80,19 @@ class Signature:
 
     def render_summary(self, captures: dict[str, str]) -> str:
         return string.Formatter().vformat(self.summary, (), _Missing(captures))
+
+    def evidence(self, event: Event, captures: dict[str, str], evidence_id: str = "") -> Evidence:
+        """The evidence this signature's match on `event` is."""
+        return Evidence(
+            id=evidence_id,
+            event=event,
+            signature=self.id,
+            category=self.category,
+            severity=self.severity,
+            captures=captures,
+            summary=self.render_summary(captures),
+            action=self.action,
+        )
 
 
 class _Missing(dict):

@@ -240,18 +240,7 @@ class Scanner:
             attrs={**parsed.attrs, "stream": state.name},
             seq=seq,
         )
-        self.evidence.append(
-            Evidence(
-                id=f"e{len(self.evidence) + 1}",
-                event=event,
-                signature=signature.id,
-                category=signature.category,
-                severity=signature.severity,
-                captures=captures,
-                summary=signature.render_summary(captures),
-                action=signature.action,
-            )
-        )
+        self.evidence.append(signature.evidence(event, captures, f"e{len(self.evidence) + 1}"))
 
     def apply_stream_defaults(self) -> None:
         """Attribute evidence that lacks a host or rank: a GPU's PCI address → the rank NCCL
