@@ -5,6 +5,9 @@ frozen binary sees every one). Order is the order `denpex doctor` and `/metrics`
 from __future__ import annotations
 
 from denpex.core.collector import Collector
+from denpex.fabric.gnmi import GnmiCollector
+from denpex.fabric.ufm import UfmCollector
+from denpex.gpu.dcgm import DcgmCollector
 from denpex.host.cgroup import CgroupCollector
 from denpex.host.disk import DiskCollector
 from denpex.host.ebpf import EbpfCollector
@@ -25,6 +28,9 @@ COLLECTORS: tuple[type[Collector], ...] = (
     DiskCollector,
     PcieCollector,
     EbpfCollector,
+    DcgmCollector,
+    UfmCollector,
+    GnmiCollector,
 )
 
 

@@ -28,6 +28,8 @@ SOURCES = (
     "dcgm",
     "ib",
     "roce",
+    "ufm",
+    "gnmi",
     "nccl_topo",
     "sdk",
     "scheduler",
