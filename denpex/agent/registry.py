@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from denpex.core.collector import Collector
 from denpex.fabric.gnmi import GnmiCollector
+from denpex.fabric.gpudirect import GpuDirectCollector
+from denpex.fabric.topology import NcclTopoCollector
 from denpex.fabric.ufm import UfmCollector
 from denpex.gpu.dcgm import DcgmCollector
 from denpex.host.cgroup import CgroupCollector
@@ -31,6 +33,8 @@ COLLECTORS: tuple[type[Collector], ...] = (
     DcgmCollector,
     UfmCollector,
     GnmiCollector,
+    NcclTopoCollector,
+    GpuDirectCollector,
 )
 
 

@@ -19,6 +19,7 @@ examples:
   denpex scan --json node*/rank*.log kern.log
   denpex explain gpu.fallen_off_bus
   denpex agent --once
+  denpex fabric check --golden golden.xml --nccl-topo /tmp/nccl-topo.xml
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
 `denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
@@ -30,7 +31,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import agent, doctor, explain, run, scan, signatures
+    from denpex.cli import agent, doctor, explain, fabric, run, scan, signatures
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_parser(commands)
     doctor.add_parser(commands)
     agent.add_parser(commands)
+    fabric.add_parser(commands)
     return parser
 
 

@@ -255,7 +255,7 @@ class UfmCollector(FabricCollector):
 
     def available(self) -> tuple[bool, str]:
         if self._client is None:
-            return False, self._config_error
+            return False, self._config_error or "UFM client not configured"
         return True, f"ports, alarms and events from UFM at {self._client.url}"
 
     def degraded(self) -> str | None:

@@ -1,0 +1,178 @@
+"""The `nccl_topo` collector: reads the topology files jobs dump with NCCL_TOPO_DUMP_FILE,
+counts what NCCL saw and reports each difference from the SKU's golden profile as evidence.
+Reads only the files it is given, bounded in size; never runs or changes NCCL.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.events import Event, Evidence, metric
+from denpex.core.roots import Roots
+from denpex.fabric.base import FabricCollector
+from denpex.fabric.nccl_topo import MAX_XML_BYTES, Topology, TopologyError, parse_topology
+from denpex.fabric.topology_diff import Difference, compare_topologies
+
+MAX_FILES = 64
+FALLBACK_DETECTOR = {"category": "gpu.p2p_topology", "severity": "info", "action": "none"}
+
+HELP = {
+    "nccl_topo_valid": "1 when the NCCL topology dump parsed (label file)",
+    "nccl_topo_gpus": "GPUs in the NCCL topology dump",
+    "nccl_topo_nics": "Network ports (net devices) in the NCCL topology dump",
+    "nccl_topo_nvlinks": "NVLinks (summed link counts) in the NCCL topology dump",
+    "nccl_topo_differences": "Differences of the dump from the golden profile",
+}
+
+
+def read_topology(path: str, limit: int = MAX_XML_BYTES) -> Topology:
+    """Parse one topology file; TopologyError (naming the file) when absent or invalid."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
+    except OSError as exc:
+        raise TopologyError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise TopologyError(f"{path} is larger than {limit} bytes")
+    try:
+        return parse_topology(data)
+    except TopologyError as exc:
+        raise TopologyError(f"{path}: {exc}") from None
+
+
+class NcclTopoCollector(FabricCollector):
+    name = "nccl_topo"
+    stability = "experimental"
+    default_interval_s = 300.0
+    default_budget_s = 2.0
+    metrics_help = HELP
+
+    def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(roots, options)
+        self._parsed: dict[str, tuple[tuple[float, int], Topology | None]] = {}
+        self._golden: tuple[tuple[float, int], Topology] | None = None
+        self._reported: set[tuple[str, str, str]] = set()
+
+    def _patterns(self) -> list[str]:
+        value = self.options.get("dump_files") or []
+        return [value] if isinstance(value, str) else [str(v) for v in value]
+
+    def available(self) -> tuple[bool, str]:
+        if not self._patterns():
+            return False, (
+                "no dump_files set: point collectors.nccl_topo.dump_files at the file(s) jobs "
+                "write with NCCL_TOPO_DUMP_FILE (paths or globs)"
+            )
+        golden = self.options.get("golden")
+        if golden:
+            try:
+                read_topology(str(golden))
+            except TopologyError as exc:
+                return False, f"golden profile unusable: {exc}"
+        what = f"compared with {golden}" if golden else "counted (no golden profile set)"
+        return True, f"NCCL topology dumps {', '.join(self._patterns())}, {what}"
+
+    def _files(self) -> list[str]:
+        found: set[str] = set()
+        for pattern in self._patterns():
+            found.update(glob.glob(os.path.expanduser(pattern)))
+        return sorted(found)[:MAX_FILES]
+
+    def _load(self, path: str) -> Topology | None:
+        """The file's topology, parsed again only when its mtime or size changed."""
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return None
+        stamp = (stat.st_mtime, stat.st_size)
+        cached = self._parsed.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            topology: Topology | None = read_topology(
+                path, int(self.options.get("max_file_bytes", MAX_XML_BYTES))
+            )
+        except TopologyError:
+            topology = None
+        self._parsed[path] = (stamp, topology)
+        return topology
+
+    def _golden_topology(self) -> Topology | None:
+        golden = self.options.get("golden")
+        if not golden:
+            return None
+        try:
+            stat = os.stat(golden)
+            stamp = (stat.st_mtime, stat.st_size)
+            if self._golden is None or self._golden[0] != stamp:
+                self._golden = (stamp, read_topology(str(golden)))
+        except (OSError, TopologyError):
+            return None
+        return self._golden[1]
+
+    def collect(self, ctx: CollectContext) -> list[Observation]:
+        golden = self._golden_topology()
+        out: list[Observation] = []
+        found: dict[tuple[str, str, str], Evidence] = {}
+        for path in self._files():
+            topology = self._load(path)
+            labels = {"file": path}
+            out.append(self._metric(ctx, "nccl_topo_valid", int(topology is not None), labels))
+            if topology is None:
+                continue
+            out.append(self._metric(ctx, "nccl_topo_gpus", len(topology.gpus), labels))
+            out.append(self._metric(ctx, "nccl_topo_nics", len(topology.nets), labels))
+            out.append(self._metric(ctx, "nccl_topo_nvlinks", topology.nvlink_count(), labels))
+            if golden is None:
+                continue
+            differences = compare_topologies(
+                golden, topology, allow_subset=bool(self.options.get("allow_gpu_subset", True))
+            )
+            out.append(self._metric(ctx, "nccl_topo_differences", len(differences), labels))
+            for difference in differences:
+                key = (path, difference.kind, difference.device)
+                found[key] = self._evidence(ctx, path, difference)
+        # each difference is evidence once while it lasts (a dump is read every poll)
+        out += [e for key, e in found.items() if key not in self._reported]
+        self._reported = set(found)
+        return out
+
+    def _metric(
+        self, ctx: CollectContext, name: str, value: float, labels: dict[str, str]
+    ) -> Event:
+        return metric(
+            name, value, source="nccl_topo", labels=labels, host=ctx.host, ts_ns=ctx.now_ns
+        )
+
+    def _evidence(self, ctx: CollectContext, path: str, difference: Difference) -> Evidence:
+        detectors = self.options.get("detectors") or {}
+        detector = {**FALLBACK_DETECTOR, **(detectors.get(difference.kind) or {})}
+        summary = f"NCCL topology {path} differs from the golden profile: {difference.describe()}"
+        event = Event(
+            body=summary,
+            ts_ns=ctx.now_ns,
+            host=ctx.host,
+            source="nccl_topo",
+            kind="state",
+            attrs={"device": difference.device, "path": difference.path, "file": path},
+        )
+        return detector_evidence(
+            event,
+            signature=f"{detector['category']}.nccl_topo_{difference.kind}",
+            category=str(detector["category"]),
+            severity=str(detector["severity"]),
+            summary=summary,
+            action=str(detector["action"]),
+            captures={
+                "kind": difference.kind,
+                "device": difference.device,
+                "path": difference.path,
+                "expected": difference.expected,
+                "actual": difference.actual,
+                "file": path,
+            },
+        )
