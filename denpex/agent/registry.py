@@ -7,6 +7,8 @@ from __future__ import annotations
 from denpex.core.collector import Collector
 from denpex.fabric.gnmi import GnmiCollector
 from denpex.fabric.gpudirect import GpuDirectCollector
+from denpex.fabric.ib import IbCollector
+from denpex.fabric.roce import RoceCollector
 from denpex.fabric.topology import NcclTopoCollector
 from denpex.fabric.ufm import UfmCollector
 from denpex.gpu.dcgm import DcgmCollector
@@ -33,6 +35,8 @@ COLLECTORS: tuple[type[Collector], ...] = (
     DcgmCollector,
     UfmCollector,
     GnmiCollector,
+    IbCollector,
+    RoceCollector,
     NcclTopoCollector,
     GpuDirectCollector,
 )

@@ -11,7 +11,9 @@ from denpex.cli.main import UsageError
 
 DESCRIPTION = """\
 Watch this node: the kernel log, the journal, pressure (PSI), cgroups, the processes of
-registered jobs, NUMA, disks, PCIe links and, where the kernel allows, eBPF. Every line is
+registered jobs, NUMA, disks, PCIe links, eBPF where the kernel allows it, GPUs (NVML,
+DCGM), InfiniBand/RoCE ports with PFC and congestion, NCCL topology against a golden
+profile, GPUDirect prerequisites, and fabric managers (UFM, gNMI). Every line is
 matched against the same signatures as `denpex scan`; evidence is attributed to the job,
 rank and pid it concerns.
 
