@@ -12,6 +12,7 @@ from denpex.fabric.roce import RoceCollector
 from denpex.fabric.topology import NcclTopoCollector
 from denpex.fabric.ufm import UfmCollector
 from denpex.gpu.dcgm import DcgmCollector
+from denpex.gpu.nvml import NvmlCollector
 from denpex.host.cgroup import CgroupCollector
 from denpex.host.disk import DiskCollector
 from denpex.host.ebpf import EbpfCollector
@@ -32,6 +33,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     DiskCollector,
     PcieCollector,
     EbpfCollector,
+    NvmlCollector,
     DcgmCollector,
     UfmCollector,
     GnmiCollector,

@@ -9,6 +9,9 @@ import threading
 
 from denpex.cli.main import UsageError
 
+MAX_METRICS_SHOWN = 60  # more than a screen of values is summarised; --json has them all
+DISABLED = "disabled in the configuration"
+
 DESCRIPTION = """\
 Watch this node: the kernel log, the journal, pressure (PSI), cgroups, the processes of
 registered jobs, NUMA, disks, PCIe links, eBPF where the kernel allows it, GPUs (NVML,
@@ -31,6 +34,9 @@ examples:
   denpex agent --once --json | jq .evidence
   denpex agent --config /etc/denpex/agent.yaml
   denpex agent --listen 0.0.0.0:9478 --otlp-endpoint http://collector:4318
+  # a GPU scenario without a GPU (a fake NVML answers from the scenario file):
+  DENPEX_NVML_SHIM=1 DENPEX_NVML_SCENARIO=examples/scenarios/xid79_at_start.yaml \
+      denpex agent --once --collectors nvml
 """
 
 
@@ -153,17 +159,41 @@ def _once(agent, as_json: bool) -> int:
         }
         sys.stdout.buffer.write(jsonio.dumps(data, pretty=True) + b"\n")
         return 0
-    print(f"{agent.config.host}: {len(events)} events from {len(agent.states)} collectors")
-    for name, reason in agent.unavailable.items():
-        print(f"  unavailable {name}: {reason}")
     metrics = [e for e in events if e.kind == "metric"]
-    for event in metrics:
-        labels = ",".join(f"{k}={v}" for k, v in event.attrs.items() if k not in ("value", "type"))
-        value = event.attrs["value"]
-        shown = f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"
-        print(f"  {event.source:<15} {event.body}{{{labels}}} {shown}")
+    states = [e for e in events if e.kind != "metric"]
+    print(
+        f"{agent.config.host}: {len(agent.states)} collectors polled: "
+        f"{len(evidence)} evidence, {len(metrics)} metric values, {len(states)} other events"
+    )
     if evidence:
         print("evidence:")
     for item in evidence:
-        print(f"  [{item.severity}] {item.category}: {item.summary or item.event.body}")
+        where = ", ".join(
+            f"{k} {v}" for k, v in (("job", item.event.job), ("rank", item.event.rank)) if v
+        )
+        print(
+            f"  [{item.severity}] {item.category}: {item.summary or item.event.body}"
+            + (f" ({where})" if where else "")
+        )
+    for event in states:
+        print(f"  {event.source}: {event.body}")
+    if len(metrics) <= MAX_METRICS_SHOWN:
+        for event in metrics:
+            labels = ",".join(
+                f"{k}={v}" for k, v in event.attrs.items() if k not in ("value", "type")
+            )
+            value = event.attrs["value"]
+            shown = f"{int(value)}" if float(value).is_integer() else f"{value:.4g}"
+            print(f"  {event.source:<15} {event.body}{{{labels}}} {shown}")
+    else:
+        by_source: dict[str, int] = {}
+        for event in metrics:
+            by_source[event.source] = by_source.get(event.source, 0) + 1
+        counts = ", ".join(f"{source} {count}" for source, count in sorted(by_source.items()))
+        print(f"metrics: {counts} (all of them with --json)")
+    skipped = {n: r for n, r in agent.unavailable.items() if r != DISABLED}
+    if skipped:
+        print("unavailable here:")
+    for name, reason in skipped.items():
+        print(f"  {name}: {reason}")
     return 0

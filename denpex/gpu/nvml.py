@@ -1,0 +1,301 @@
+"""The NVML collector: per-GPU health and utilisation through pynvml, Xids through an NVML
+event set, and detector evidence (GPU lost, Xid bursts, ECC, row remap, thermal, PCIe, NVLink).
+
+Bounded calls: each GPU has its own BoundedCaller (one worker thread) and the system calls
+(init, count, event registration) another, all under `deadline_s`. A call that does not
+return blinds only its own GPU: that GPU reports `gpu_nvml_up 0` plus how long its call has
+been stuck, one gpu.gsp_timeout evidence names the call, `degraded()` says why (so /healthz
+turns unhealthy), and every other GPU keeps reporting. Later polls do not queue behind the
+stuck call (the caller fails fast) until it returns. If the driver serialises all GPUs behind
+one stuck call, every GPU reports the same way, each naming its own call. Never raises for an
+NVML error and never blocks a poll longer than one deadline.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.deadline import BoundedCaller, DeadlineExceeded
+from denpex.core.events import Event, format_ts
+from denpex.core.roots import Roots
+from denpex.gpu.base import GpuCollector
+from denpex.gpu.nvml_detect import Finding, detect
+from denpex.gpu.nvml_events import EventWatcher
+from denpex.gpu.nvml_metrics import HELP, down_metrics, gpu_labels, sample_metrics, xid_metrics
+from denpex.gpu.nvml_query import GpuGone, GpuReader, GpuSample
+from denpex.gpu.scenario import FakeLibraryError, ScenarioError, prepare_shim
+from denpex.gpu.xid import XidBurst, XidTableError, XidTracker, default_table, merge_overrides
+
+SHIM_ENV = "DENPEX_NVML_SHIM"
+SHIM_SCENARIO_ENV = "DENPEX_NVML_SCENARIO"
+HUNG_CALL = ("gpu.gsp_timeout.nvml_call_hung", "gpu.gsp_timeout", "error", "run_diagnostics")
+
+
+class NvmlCollector(GpuCollector):
+    name = "nvml"
+    stability = "experimental"
+    default_interval_s = 10.0
+    default_budget_s = 15.0  # the poll in which a call first hangs waits one deadline (5 s)
+    metrics_help = HELP
+
+    def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(roots, options)
+        self.deadline_s = float(self.options.get("deadline_s", 5.0))
+        self._config_error: str | None = None
+        try:
+            table = merge_overrides(default_table(), self.options.get("xid_overrides"))
+        except XidTableError as exc:
+            self._config_error = f"collectors.nvml: {exc}"
+            table = default_table()
+        self.tracker = XidTracker(table)
+        self._system = BoundedCaller("nvml", self.deadline_s)
+        self._nvml: ModuleType | None = None
+        self._about = ""
+        self._count = 0
+        self._readers: dict[int, GpuReader] = {}
+        self._callers: dict[int, BoundedCaller] = {}
+        self._samples: dict[int, GpuSample] = {}
+        self._active: dict[int, set[str]] = {}
+        self._gone: dict[int, str] = {}
+        self._hangs: dict[int, str] = {}
+        self._watcher: EventWatcher | None = None
+        self._registered: set[int] = set()
+        self._polls = 0
+
+    # -- start-up ------------------------------------------------------------------------
+    def _start(self) -> str | None:
+        """None once NVML is initialised, else why not (and what would enable it)."""
+        if self._config_error:
+            return self._config_error
+        if self._nvml is not None:
+            return None
+        try:
+            import pynvml
+        except ImportError:
+            return "pynvml is not installed: pip install nvidia-ml-py"
+        about = "NVML"
+        if os.environ.get(SHIM_ENV) == "1":
+            scenario = os.environ.get(SHIM_SCENARIO_ENV)
+            if not scenario:
+                return f"{SHIM_ENV}=1 needs {SHIM_SCENARIO_ENV}=FILE.yaml (a scenario)"
+            try:
+                library = prepare_shim(scenario)
+            except (ScenarioError, FakeLibraryError) as exc:
+                return f"NVML shim: {exc}"
+            with pynvml.libLoadLock:
+                if pynvml.nvmlLib is None:
+                    pynvml.nvmlLib = ctypes.CDLL(str(library))
+            about = f"fake NVML (scenario {scenario})"
+        try:
+            self._system.call(pynvml.nvmlInit)
+            self._count = int(self._system.call(pynvml.nvmlDeviceGetCount))
+            driver = self._system.call(pynvml.nvmlSystemGetDriverVersion)
+        except DeadlineExceeded as exc:
+            return f"nvmlInit did not return ({exc}): the NVIDIA driver may be hung"
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND:
+                return (
+                    "libnvidia-ml.so.1 not found: no NVIDIA driver on this node (for a demo: "
+                    f"{SHIM_ENV}=1 {SHIM_SCENARIO_ENV}=examples/scenarios/xid79.yaml)"
+                )
+            if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
+                return "the NVIDIA kernel driver is not loaded (modprobe nvidia; check dmesg)"
+            return f"nvmlInit failed: {exc}"
+        self._nvml = pynvml
+        version = driver.decode() if isinstance(driver, bytes) else str(driver)
+        self._about = f"{about}, driver {version}: {self._count} GPU(s)"
+        return None
+
+    def available(self) -> tuple[bool, str]:
+        problem = self._start()
+        return (False, problem) if problem else (True, self._about)
+
+    # -- polling ---------------------------------------------------------------------------
+    def collect(self, ctx: CollectContext) -> list[Observation]:
+        if self._start() is not None or self._nvml is None:
+            return []
+        out: list[Observation] = []
+        for index in range(self._count):
+            out += self._poll_gpu(ctx, index)
+        self._register_events()
+        self._polls += 1
+        if self._polls == 1 and self._watcher is not None:
+            self._watcher.drained.wait(float(self.options.get("first_drain_s", 1.5)))
+        out += [self._xid_evidence(ctx, burst) for burst in self.tracker.due(ctx.now_ns)]
+        totals, last = self.tracker.snapshot()
+        identities = {i: r.identity for i, r in self._readers.items()}
+        out += xid_metrics(totals, last, identities, ctx.host, ctx.now_ns)
+        return out
+
+    def _poll_gpu(self, ctx: CollectContext, index: int) -> list[Observation]:
+        assert self._nvml is not None
+        reader = self._readers.setdefault(index, GpuReader(self._nvml, index))
+        caller = self._callers.get(index)
+        if caller is None:
+            caller = self._callers[index] = BoundedCaller(f"nvml-gpu{index}", self.deadline_s)
+        identity = reader.identity
+        try:
+            sample = caller.call(reader.read)
+        except DeadlineExceeded:
+            stuck = caller.hung_for() or self.deadline_s
+            out: list[Observation] = list(
+                down_metrics(index, identity, ctx.host, ctx.now_ns, stuck)
+            )
+            if index not in self._hangs:
+                call = reader.current_call or "an NVML call"
+                self._hangs[index] = call
+                summary = f"NVML call {call} on GPU {index} has not returned for {stuck:.1f} s"
+                out.append(self._evidence(ctx, index, Finding(*HUNG_CALL, summary, {"call": call})))
+            return out
+        except GpuGone as gone:
+            out = list(down_metrics(index, identity, ctx.host, ctx.now_ns, 0.0))
+            if index not in self._gone:
+                self._gone[index] = gone.text
+                out.append(self._evidence(ctx, index, _gone_finding(index, identity, gone)))
+            return out
+        except self._nvml.NVMLError as exc:  # e.g. no permission for the handle
+            return [
+                *down_metrics(index, identity, ctx.host, ctx.now_ns, 0.0),
+                self._note(ctx, index, str(exc)),
+            ]
+        out = []
+        if self._hangs.pop(index, None) or self._gone.pop(index, None):
+            out.append(self._note(ctx, index, f"GPU {index} answers NVML again"))
+        findings = detect(
+            self._samples.get(index), sample, self.options, self._active.setdefault(index, set())
+        )
+        self._samples[index] = sample
+        reasons = {k: int(v) for k, v in (self.options.get("clock_event_reasons") or {}).items()}
+        out += sample_metrics(sample, ctx.host, ctx.now_ns, reasons)
+        out += [self._evidence(ctx, index, finding) for finding in findings]
+        return out
+
+    def _register_events(self) -> None:
+        """Create the event set once and add every GPU whose handle is known."""
+        assert self._nvml is not None
+        try:
+            if self._watcher is None:
+                self._watcher = self._system.call(
+                    EventWatcher,
+                    self._nvml,
+                    self.tracker,
+                    int(self.options.get("event_wait_ms", 1000)),
+                )
+            for index, reader in self._readers.items():
+                if index not in self._registered and reader.handle is not None:
+                    self._system.call(self._watcher.register, index, reader.handle)
+                    self._registered.add(index)
+            self._watcher.start()  # once; after registering, so its first wait sees every GPU
+        except (DeadlineExceeded, self._nvml.NVMLError):
+            return  # degraded() reports a stuck system call; a refused event set means no Xids
+
+    # -- evidence --------------------------------------------------------------------------
+    def _event(self, ctx: CollectContext, index: int, body: str, ts_ns: int | None = None) -> Event:
+        identity = self._readers[index].identity if index in self._readers else {}
+        attrs = gpu_labels(index, identity, ctx.host)
+        return Event(
+            body=body,
+            ts_ns=ts_ns or ctx.now_ns,
+            host=ctx.host,
+            source="nvml",
+            kind="state",
+            attrs=attrs,
+        )
+
+    def _evidence(
+        self, ctx: CollectContext, index: int, finding: Finding, ts_ns: int | None = None
+    ) -> Observation:
+        identity = self._readers[index].identity if index in self._readers else {}
+        captures = {
+            "gpu": str(index),
+            "pci_bus_id": identity.get("pci_bus_id", ""),
+            "uuid": identity.get("uuid", ""),
+            **finding.captures,
+        }
+        return detector_evidence(
+            self._event(ctx, index, finding.summary, ts_ns),
+            signature=finding.signature,
+            category=finding.category,
+            severity=finding.severity,
+            summary=finding.summary,
+            action=finding.action,
+            captures=captures,
+        )
+
+    def _note(self, ctx: CollectContext, index: int, text: str) -> Event:
+        return self._event(ctx, index, text)
+
+    def _xid_evidence(self, ctx: CollectContext, burst: XidBurst) -> Observation:
+        index = int(burst.gpu)
+        rule = burst.rule
+        bus = (
+            self._readers[index].identity.get("pci_bus_id", "?") if index in self._readers else "?"
+        )
+        summary = f"GPU {index} ({bus}): Xid {burst.xid}, {rule.name}"
+        if burst.count > 1:
+            summary += f" (x{burst.count} within {rule.window_s:g} s)"
+        finding = Finding(
+            f"{rule.category}.nvml_xid{burst.xid}",
+            rule.category,
+            rule.severity,
+            rule.action,
+            summary,
+            {
+                "xid": str(burst.xid),
+                "count": str(burst.count),
+                "first": format_ts(burst.first_ns) or "",
+                "last": format_ts(burst.last_ns) or "",
+                "window_s": f"{rule.window_s:g}",
+            },
+        )
+        return self._evidence(ctx, index, finding, burst.first_ns)
+
+    # -- health ----------------------------------------------------------------------------
+    def degraded(self) -> str | None:
+        reasons = []
+        for index, caller in sorted(self._callers.items()):
+            stuck = caller.hung_for()
+            if stuck:
+                call = self._hangs.get(index) or self._readers[index].current_call or "a call"
+                reasons.append(
+                    f"NVML call {call} on GPU {index} has not returned for {stuck:.0f} s"
+                )
+        if self._system.hung_for():
+            reasons.append(f"NVML system call stuck: {self._system.stuck_call}")
+        if self._watcher is not None and self._watcher.hung_for():
+            reasons.append(
+                f"nvmlEventSetWait has not returned for {self._watcher.hung_for():.0f} s"
+            )
+        return "; ".join(reasons) or None
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
+
+
+def _gone_finding(index: int, identity: Mapping[str, str], gone: GpuGone) -> Finding:
+    bus = identity.get("pci_bus_id")
+    gpu = f"GPU {index} ({bus})" if bus else f"GPU {index}"  # lost before NVML named its bus
+    if gone.reset_required:
+        return Finding(
+            "gpu.reset_required.nvml_reset_required",
+            "gpu.reset_required",
+            "critical",
+            "reset_gpu",
+            f"{gpu} needs a reset: {gone.call} answered '{gone.text}'",
+            {"call": gone.call, "nvml_error": gone.text},
+        )
+    return Finding(
+        "gpu.fallen_off_bus.nvml_gpu_lost",
+        "gpu.fallen_off_bus",
+        "critical",
+        "drain_node",
+        f"{gpu} is lost: {gone.call} answered '{gone.text}'",
+        {"call": gone.call, "nvml_error": gone.text},
+    )

@@ -1,0 +1,1 @@
+../../../denpex/gpu/nvml_fake.c
