@@ -24,7 +24,7 @@ from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
-from denpex.fabric.ib import parse_counter, rdma_ports
+from denpex.fabric.ib_ports import parse_counter, rdma_ports
 
 _PRIO = re.compile(r"^(rx|tx)_prio(\d)_(pause|pause_duration)$")
 # hw_counters of the RDMA device → (metric, HELP)

@@ -1,0 +1,300 @@
+"""The InfiniBand port detectors: one port's metrics and evidence per poll (flaps, ports down
+or slower than their peers, rising error counters) from its readings and what is remembered
+of it. Pure: no I/O, state is passed in and updated.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.events import Event, metric
+from denpex.fabric.counters import CounterTracker, IncreaseWindow, level_for, rising
+from denpex.fabric.ib_ports import (
+    COUNTER_HELP,
+    LEVELS,
+    RENAMED,
+    STATE_ACTIVE,
+    WORD_COUNTERS,
+    PortReading,
+    counter_metric,
+)
+
+
+@dataclass(slots=True)
+class PortMemory:
+    """What the detectors remember of one port between polls."""
+
+    state: int | None = None
+    seen_active: bool = False
+    down_reported: bool = False
+    rate_reported: bool = False
+    levels: dict[str, str | None] = field(default_factory=dict)
+    windows: dict[str, IncreaseWindow] = field(default_factory=dict)
+    flaps: deque[int] = field(default_factory=deque)
+
+
+def ib_metric(
+    ctx: CollectContext, name: str, value: float, labels: dict[str, str], counter: bool = False
+) -> Event:
+    return metric(
+        name, value, source="ib", counter=counter, labels=labels, host=ctx.host, ts_ns=ctx.now_ns
+    )
+
+
+def port_observations(
+    ctx: CollectContext,
+    reading: PortReading,
+    memory: PortMemory,
+    tracker: CounterTracker,
+    options: Mapping[str, Any],
+    expected_gbps: float | None,
+) -> list[Observation]:
+    """One port's metrics and evidence for this poll; updates `memory` and `tracker`."""
+    port = {"device": reading.device, "port": reading.port}
+    out: list[Observation] = []
+    if reading.state is not None:
+        layer = {**port, "link_layer": reading.link_layer}
+        out.append(ib_metric(ctx, "ib_port_state", 1.0 if reading.active else 0.0, layer))
+        out.append(ib_metric(ctx, "ib_port_state_code", reading.state, port))
+    if reading.phys_state is not None:
+        out.append(ib_metric(ctx, "ib_port_phys_state_code", reading.phys_state, port))
+    if reading.rate_gbps is not None:
+        out.append(ib_metric(ctx, "ib_port_rate_gigabits_per_second", reading.rate_gbps, port))
+    bits: Mapping[str, int] = options.get("counter_bits") or {}
+    rules: Mapping[str, Mapping[str, Any]] = options.get("error_thresholds") or {}
+    increases: dict[str, int] = {}
+    for name, value in reading.counters.items():
+        scale = 4 if name in WORD_COUNTERS else 1
+        width = int(bits.get(name, bits.get("default", 64)))
+        found = tracker.update(f"{reading.key}/{name}", value, ctx.now_ns, width)
+        if name in COUNTER_HELP:
+            out.append(ib_metric(ctx, counter_metric(name), value * scale, port, counter=True))
+        else:
+            labels = {**port, "counter": name}
+            out.append(ib_metric(ctx, "ib_hw_counter_total", value, labels, counter=True))
+        if found.increase is not None:
+            increases[name] = found.increase
+        if found.rate_per_second is None:
+            continue
+        if name in RENAMED:
+            rate_name = f"{RENAMED[name]}_per_second"
+            out.append(ib_metric(ctx, rate_name, found.rate_per_second * scale, port))
+        elif name in rules:
+            labels = {**port, "counter": name}
+            out.append(ib_metric(ctx, "ib_port_errors_per_second", found.rate_per_second, labels))
+    for name, value in reading.hw_counters.items():
+        found = tracker.update(f"{reading.key}/hw/{name}", value, ctx.now_ns)
+        labels = {**port, "counter": name}
+        out.append(ib_metric(ctx, "ib_hw_counter_total", value, labels, counter=True))
+        if found.increase is not None:
+            increases.setdefault(name, found.increase)
+        if found.rate_per_second is not None:
+            out.append(ib_metric(ctx, "ib_hw_counter_per_second", found.rate_per_second, labels))
+    ignored = options.get("ignore_ports") or ()
+    if reading.key not in ignored and reading.device not in ignored:
+        out += _link_evidence(ctx, reading, memory, increases, options)
+        out += _rate_evidence(ctx, reading, memory, expected_gbps)
+        out += _error_evidence(ctx, reading, memory, increases, rules)
+    if reading.state is not None:
+        memory.state = reading.state
+        memory.seen_active = memory.seen_active or reading.active
+    return out
+
+
+def _link_evidence(
+    ctx: CollectContext,
+    r: PortReading,
+    m: PortMemory,
+    increases: Mapping[str, int],
+    options: Mapping[str, Any],
+) -> list[Observation]:
+    """Down (edge-triggered), flapped between polls (link_downed grew while ACTIVE), or
+    with link drops recorded before anyone looked (first poll without a saved baseline)."""
+    if r.state is None:
+        return []
+    downed = increases.get("link_downed", 0)
+    link_downed = r.counters.get("link_downed")
+    if not r.active:
+        if m.down_reported:
+            return []
+        m.down_reported = True
+        was_up = m.state == STATE_ACTIVE or m.seen_active
+        flaps = _count_flaps(m, ctx.now_ns, max(downed, 1) if was_up else downed, options)
+        severity = "error" if was_up else str(options["down_at_start_severity"])
+        when = "went down" if was_up else "is down"
+        summary = (
+            f"{r.link_layer} port {r.key} {when}: state {r.state_name or r.state}, "
+            f"physical {r.phys_name or r.phys_state}"
+        )
+        return [
+            _evidence(
+                ctx,
+                r,
+                "net.link_down.ib_port_down",
+                "net.link_down",
+                severity,
+                summary,
+                "check_fabric",
+                {"flaps_in_window": str(flaps)},
+            )
+        ]
+    m.down_reported = False
+    if downed > 0:
+        flaps = _count_flaps(m, ctx.now_ns, downed, options)
+        severity, action = "error", "check_fabric"
+        if flaps >= int(options["flap_drain_count"]):
+            severity, action = "critical", "drain_node"
+        summary = (
+            f"{r.link_layer} port {r.key} flapped: link went down {downed} time(s) since the "
+            f"last poll and is ACTIVE again ({flaps} in the last {options['flap_window_s']} s)"
+        )
+        captures = {"link_downed_increase": str(downed), "flaps_in_window": str(flaps)}
+        return [
+            _evidence(
+                ctx,
+                r,
+                "net.link_down.ib_port_flap",
+                "net.link_down",
+                severity,
+                summary,
+                action,
+                captures,
+            )
+        ]
+    warn_at = options.get("link_downed_at_start_warn")
+    if m.state is None and warn_at and link_downed is not None and link_downed >= int(warn_at):
+        summary = (
+            f"{r.link_layer} port {r.key} is ACTIVE but its link went down {link_downed} "
+            "time(s) since its counters were last reset (before this first look)"
+        )
+        return [
+            _evidence(
+                ctx,
+                r,
+                "net.link_down.ib_link_downed_before_start",
+                "net.link_down",
+                "warning",
+                summary,
+                "check_fabric",
+                {},
+            )
+        ]
+    return []
+
+
+def _count_flaps(m: PortMemory, now_ns: int, new: int, options: Mapping[str, Any]) -> int:
+    horizon = now_ns - int(float(options["flap_window_s"]) * 1e9)
+    m.flaps.extend([now_ns] * min(new, 1000))
+    while m.flaps and m.flaps[0] <= horizon:
+        m.flaps.popleft()
+    return len(m.flaps)
+
+
+def _rate_evidence(
+    ctx: CollectContext, r: PortReading, m: PortMemory, expected: float | None
+) -> list[Observation]:
+    if not r.active or r.rate_gbps is None:
+        return []
+    if expected is None or r.rate_gbps >= expected:
+        m.rate_reported = False
+        return []
+    if m.rate_reported:
+        return []
+    m.rate_reported = True
+    summary = (
+        f"{r.link_layer} port {r.key} runs at {r.rate_gbps:g} Gb/s ({r.rate_text}), below the "
+        f"{expected:g} Gb/s expected: a degraded cable, lane or speed negotiation"
+    )
+    return [
+        _evidence(
+            ctx,
+            r,
+            "net.link_down.ib_port_rate_degraded",
+            "net.link_down",
+            "warning",
+            summary,
+            "check_fabric",
+            {"expected_gbps": f"{expected:g}"},
+        )
+    ]
+
+
+def _error_evidence(
+    ctx: CollectContext,
+    r: PortReading,
+    m: PortMemory,
+    increases: Mapping[str, int],
+    rules: Mapping[str, Mapping[str, Any]],
+) -> list[Observation]:
+    """Error counters whose increase over their window reaches a threshold: reported when
+    the level rises, re-armed once the window falls below the lowest threshold."""
+    out: list[Observation] = []
+    for name, rule in rules.items():
+        if name not in increases and name not in m.windows:
+            continue
+        window = m.windows.setdefault(name, IncreaseWindow())
+        window.add(ctx.now_ns, increases.get(name, 0))
+        window_s = float(rule.get("window_s", 300))
+        total = window.total(ctx.now_ns, window_s)
+        level = level_for(total, rule)
+        if rising(m.levels.get(name), level, LEVELS):
+            assert level is not None
+            summary = (
+                f"{r.link_layer} port {r.key}: {name} rose by {total} in the last "
+                f"{window_s:g} s (threshold {rule.get(level)}); the link may drop next"
+                if name in ("symbol_error", "link_error_recovery")
+                else f"{r.link_layer} port {r.key}: {name} rose by {total} in the last "
+                f"{window_s:g} s (threshold {rule.get(level)})"
+            )
+            captures = {"counter": name, "increase": str(total), "window_s": f"{window_s:g}"}
+            out.append(
+                _evidence(
+                    ctx,
+                    r,
+                    f"net.ib_error.ib_{name.lower()}",
+                    "net.ib_error",
+                    level,
+                    summary,
+                    "check_fabric",
+                    captures,
+                )
+            )
+        m.levels[name] = level
+    return out
+
+
+def _evidence(
+    ctx: CollectContext,
+    r: PortReading,
+    signature: str,
+    category: str,
+    severity: str,
+    summary: str,
+    action: str,
+    extra: dict[str, str],
+) -> Observation:
+    attrs = {"device": r.device, "port": r.port, "link_layer": r.link_layer}
+    event = Event(
+        body=summary, ts_ns=ctx.now_ns, host=ctx.host, source="ib", kind="state", attrs=dict(attrs)
+    )
+    captures = {
+        **attrs,
+        "state": r.state_name or str(r.state),
+        "phys_state": r.phys_name or str(r.phys_state),
+        "rate": r.rate_text,
+        **{k: str(v) for k, v in r.counters.items() if k in ("link_downed", "symbol_error")},
+        **extra,
+    }
+    return detector_evidence(
+        event,
+        signature=signature,
+        category=category,
+        severity=severity,
+        summary=summary,
+        action=action,
+        captures=captures,
+    )
