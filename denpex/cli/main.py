@@ -20,6 +20,7 @@ examples:
   denpex explain gpu.fallen_off_bus
   denpex agent --once
   denpex fabric check --golden golden.xml --nccl-topo /tmp/nccl-topo.xml
+  denpex bundle verify denpex-airgap-bundle-0.1.0-x86_64.tar.gz --pubkey release.pub
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
 `denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
@@ -31,7 +32,7 @@ class UsageError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import agent, doctor, explain, fabric, run, scan, signatures
+    from denpex.cli import agent, bundle, doctor, explain, fabric, run, scan, signatures
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_parser(commands)
     agent.add_parser(commands)
     fabric.add_parser(commands)
+    bundle.add_parser(commands)
     return parser
 
 

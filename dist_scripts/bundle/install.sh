@@ -1,0 +1,393 @@
+#!/usr/bin/env bash
+# Installs denpex from this air-gapped bundle after verifying it, or rolls back to the
+# previously installed version. Never touches the network.
+# Usage: bash install.sh [--prefix DIR] [--pubkey KEY] [--with-systemd [--enable]]
+#        [--with-slurm DIR] [--verify-only] [--rollback] [--force] [--help]
+set -euo pipefail
+umask 022
+
+usage() {
+    cat <<'USAGE'
+Usage: bash install.sh [options]
+
+Verifies this bundle, then installs denpex under PREFIX:
+  PREFIX/versions/<version>/   the bundle's files (one folder per installed version)
+  PREFIX/current               symlink to the version in use (switched atomically)
+  PREFIX/previous              symlink to the version used before (for --rollback)
+  PREFIX/bin/denpex            -> current/denpex/denpex (PREFIX/bin/denpex-static likewise)
+  PREFIX/etc/agent.yaml        the agent's settings (written once, never overwritten)
+  PREFIX/etc/denpex-release.pub  the release key this prefix trusts from now on
+
+Options:
+  --prefix DIR       where to install (default /opt/denpex)
+  --pubkey KEY       a minisign public key you trust (the denpex release key); see TRUST
+  --with-systemd     install the denpex-agent.service unit (not started)
+  --systemd-dir DIR  where the unit goes (default /etc/systemd/system)
+  --enable           with --with-systemd: also `systemctl enable --now denpex-agent`
+  --with-slurm DIR   copy the Slurm prolog, epilog and HealthCheckProgram scripts into DIR
+  --verifier NAME    minisign | openssl | python (default: the first one found, in that order)
+  --verify-only      verify the bundle and stop; nothing is written anywhere
+  --rollback         point PREFIX/current back to PREFIX/previous (no bundle needed)
+  --force            replace an installed copy of this version whose files differ, and
+                     install on a machine whose architecture differs from the bundle's
+  --i-have-verified  skip the signature check when no verifier exists on this host, because
+                     you checked SHA256SUMS.minisig elsewhere (the checksums are still checked)
+  -h, --help         this text
+
+TRUST: SHA256SUMS.minisig must verify with the release key the bundle carries
+(denpex-release.pub), and that key must be the key this installation trusts: --pubkey when
+given, otherwise PREFIX/etc/denpex-release.pub from an earlier install. A first install
+without --pubkey trusts the carried key (it proves the bundle intact, not who made it) and
+says so. To rotate the release key, pass the new key with --pubkey.
+Then every file in SHA256SUMS must match and no unlisted file may be present. All of this
+runs on a private copy of the bundle, before anything is written to PREFIX, and uses only
+tools of this host (minisign, or openssl >= 3, or python3 with `cryptography`) - never a
+program from the bundle.
+The kernel is checked too: below 5.15 or without /sys/kernel/btf/vmlinux the agent falls back
+to procfs and the kernel log (a warning, not a failure).
+
+Re-running with the same bundle changes nothing. Exit status: 0 done, 1 refused, 2 bad usage.
+USAGE
+}
+
+BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+PREFIX=/opt/denpex
+PUBKEY=""
+WITH_SYSTEMD=0
+SYSTEMD_DIR=/etc/systemd/system
+ENABLE=0
+SLURM_DIR=""
+VERIFIER=auto
+VERIFY_ONLY=0
+ROLLBACK=0
+FORCE=0
+SKIP_SIGNATURE=0
+SUMS=SHA256SUMS
+SIG=SHA256SUMS.minisig
+CARRIED=denpex-release.pub
+SAFE_NAME='^[A-Za-z0-9._+@=~,-]+(/[A-Za-z0-9._+@=~,-]+)*$'
+
+say() { echo "install.sh: $*"; }
+warn() { echo "install.sh: WARNING: $*" >&2; }
+die() {
+    echo "install.sh: REFUSED: $*" >&2
+    exit 1
+}
+usage_error() {
+    echo "install.sh: $*" >&2
+    echo "Usage: bash install.sh [--prefix DIR] [--pubkey KEY] [--with-systemd] [--with-slurm DIR] [--rollback] [--help]" >&2
+    exit 2
+}
+need_value() { [[ $# -ge 2 && -n "$2" ]] || usage_error "$1 needs a value"; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --prefix) need_value "$@"; PREFIX=$2; shift 2 ;;
+        --pubkey) need_value "$@"; PUBKEY=$2; shift 2 ;;
+        --with-systemd) WITH_SYSTEMD=1; shift ;;
+        --systemd-dir) need_value "$@"; SYSTEMD_DIR=$2; shift 2 ;;
+        --enable) ENABLE=1; shift ;;
+        --with-slurm) need_value "$@"; SLURM_DIR=$2; shift 2 ;;
+        --verifier) need_value "$@"; VERIFIER=$2; shift 2 ;;
+        --verify-only) VERIFY_ONLY=1; shift ;;
+        --rollback) ROLLBACK=1; shift ;;
+        --force) FORCE=1; shift ;;
+        --i-have-verified) SKIP_SIGNATURE=1; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage_error "unknown option $1" ;;
+    esac
+done
+
+[[ "$PREFIX" =~ ^/[A-Za-z0-9._/+-]*$ ]] || usage_error "--prefix must be an absolute path of plain characters: $PREFIX"
+PREFIX=${PREFIX%/}
+[[ -n "$PREFIX" ]] || usage_error "--prefix / is not allowed"
+[[ $ENABLE -eq 0 || $WITH_SYSTEMD -eq 1 ]] || usage_error "--enable goes with --with-systemd"
+case "$VERIFIER" in auto | minisign | openssl | python) ;; *) usage_error "--verifier: minisign, openssl or python" ;; esac
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/denpex-install.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+# ---------------------------------------------------------------- rollback (no bundle needed)
+
+relink() { # relink TARGET LINK: atomically make LINK point to TARGET, unless it already does
+    local target=$1 link=$2
+    [[ -L "$link" && "$(readlink "$link")" == "$target" ]] && return 0
+    ln -sfn "$target" "$link.new.$$"
+    mv -Tf "$link.new.$$" "$link"
+}
+
+check_installed() { # check_installed DIR: the files of an installed version still match
+    (cd "$1" && sha256sum --quiet --strict -c "$SUMS" >/dev/null 2>&1)
+}
+
+if [[ $ROLLBACK -eq 1 ]]; then
+    [[ -L "$PREFIX/previous" ]] || die "no previous version recorded in $PREFIX (nothing to roll back to)"
+    prev=$(readlink "$PREFIX/previous")
+    cur=$(readlink "$PREFIX/current" 2>/dev/null || true)
+    [[ -d "$PREFIX/$prev" ]] || die "$PREFIX/$prev is gone; cannot roll back"
+    check_installed "$PREFIX/$prev" || die "$PREFIX/$prev no longer matches its SHA256SUMS; reinstall it from its bundle"
+    relink "$prev" "$PREFIX/current"
+    [[ -n "$cur" ]] && relink "$cur" "$PREFIX/previous"
+    say "rolled back: $PREFIX/current -> $prev (was ${cur:-nothing})"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- bundle metadata and copy
+
+[[ -f "$BUNDLE/$SUMS" && -f "$BUNDLE/$SIG" && -f "$BUNDLE/$CARRIED" && -f "$BUNDLE/BUNDLE-INFO" ]] ||
+    die "$BUNDLE is not a complete denpex bundle ($SUMS, $SIG, $CARRIED, BUNDLE-INFO expected)"
+
+# a private copy: what is verified is exactly what gets installed
+PAYLOAD="$WORK/payload"
+cp -R "$BUNDLE" "$PAYLOAD" 2>/dev/null || die "cannot copy the bundle to $WORK (space in ${TMPDIR:-/tmp}?)"
+cd "$PAYLOAD"
+
+# ---------------------------------------------------------------- signature
+
+decode_key() { # decode_key FILE OUT: the 42 raw bytes of a minisign public key file
+    local body
+    body=$(grep -v '^untrusted comment:' "$1" | grep -v '^[[:space:]]*$' || true)
+    [[ $(wc -l <<<"$body") -eq 1 ]] || die "$2: not a minisign public key ($1)"
+    base64 -d <<<"$body" >"$WORK/$2" 2>/dev/null || die "$1: invalid base64 in the public key"
+    [[ $(wc -c <"$WORK/$2") -eq 42 && "$(head -c 2 "$WORK/$2")" == "Ed" ]] || die "$1: not an Ed25519 minisign public key"
+}
+
+key_id() { # as minisign prints it: the 8 bytes as a little-endian number in hex
+    tail -c +3 "$1" | head -c 8 | od -An -v -tx1 | tr -s ' \n' '\n\n' | grep . | tac | tr -d '\n' | tr a-f A-F
+}
+
+decode_key "$CARRIED" carried.raw
+if [[ -n "$PUBKEY" ]]; then
+    [[ -r "$PUBKEY" ]] || usage_error "--pubkey $PUBKEY: cannot read it"
+    ANCHOR=$PUBKEY
+    anchor_what="the key you passed with --pubkey"
+elif [[ -f "$PREFIX/etc/denpex-release.pub" ]]; then
+    ANCHOR="$PREFIX/etc/denpex-release.pub"
+    anchor_what="the key this prefix trusts ($ANCHOR)"
+else
+    ANCHOR="$PAYLOAD/$CARRIED"
+    anchor_what=""
+fi
+decode_key "$ANCHOR" anchor.raw
+cmp -s "$WORK/anchor.raw" "$WORK/carried.raw" ||
+    die "the bundle carries release key $(key_id "$WORK/carried.raw"), not $anchor_what ($(key_id "$WORK/anchor.raw")); it was not made with the key you trust"
+
+verify_minisign() {
+    minisign -V -q -m "$SUMS" -x "$SIG" -p "$ANCHOR" >/dev/null 2>&1
+}
+
+split_signature() { # the signature file's parts as files under $WORK
+    local lines
+    lines=$(grep -c '' "$SIG")
+    [[ $lines -eq 4 ]] || die "$SIG: expected 4 lines, found $lines"
+    [[ "$(sed -n 1p "$SIG")" == "untrusted comment: "* && "$(sed -n 3p "$SIG")" == "trusted comment: "* ]] ||
+        die "$SIG: not a minisign signature"
+    sed -n 2p "$SIG" | base64 -d >"$WORK/sig.raw" 2>/dev/null || die "$SIG: invalid base64"
+    sed -n 4p "$SIG" | base64 -d >"$WORK/global.sig" 2>/dev/null || die "$SIG: invalid base64"
+    [[ $(wc -c <"$WORK/sig.raw") -eq 74 && $(wc -c <"$WORK/global.sig") -eq 64 ]] || die "$SIG: wrong lengths"
+    [[ "$(tail -c +3 "$WORK/sig.raw" | head -c 8 | od -An -tx1)" == "$(tail -c +3 "$WORK/anchor.raw" | head -c 8 | od -An -tx1)" ]] ||
+        die "$SIG: made with key $(key_id "$WORK/sig.raw"), not with the trusted key $(key_id "$WORK/anchor.raw")"
+    tail -c 64 "$WORK/sig.raw" >"$WORK/data.sig"
+    local comment
+    comment=$(sed -n 3p "$SIG")
+    { cat "$WORK/data.sig"; printf '%s' "${comment#trusted comment: }"; } >"$WORK/global.msg"
+}
+
+verify_openssl() {
+    local alg
+    split_signature
+    alg=$(head -c 2 "$WORK/sig.raw")
+    case "$alg" in
+        ED) openssl dgst -blake2b512 -binary "$SUMS" >"$WORK/data.msg" ;;
+        Ed) cp "$SUMS" "$WORK/data.msg" ;;
+        *) die "$SIG: unknown signature algorithm" ;;
+    esac
+    # SubjectPublicKeyInfo for Ed25519 (RFC 8410): a fixed 12-byte header + the 32-byte key
+    { printf '\x30\x2a\x30\x05\x06\x03\x2b\x65\x70\x03\x21\x00'; tail -c 32 "$WORK/anchor.raw"; } >"$WORK/pub.der"
+    openssl pkey -pubin -inform DER -in "$WORK/pub.der" -out "$WORK/pub.pem" 2>/dev/null || return 1
+    openssl pkeyutl -verify -pubin -inkey "$WORK/pub.pem" -rawin -in "$WORK/data.msg" \
+        -sigfile "$WORK/data.sig" >/dev/null 2>&1 || return 1
+    openssl pkeyutl -verify -pubin -inkey "$WORK/pub.pem" -rawin -in "$WORK/global.msg" \
+        -sigfile "$WORK/global.sig" >/dev/null 2>&1
+}
+
+verify_python() {
+    split_signature
+    # -I: isolated (no PYTHONPATH, no user site, not the current folder)
+    python3 -I - "$WORK" "$SUMS" <<'PY'
+import hashlib, sys
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+work, sums = sys.argv[1], sys.argv[2]
+read = lambda name: open(f"{work}/{name}", "rb").read()
+raw, key = read("sig.raw"), Ed25519PublicKey.from_public_bytes(read("anchor.raw")[10:])
+data = open(sums, "rb").read()
+msg = hashlib.blake2b(data, digest_size=64).digest() if raw[:2] == b"ED" else data
+key.verify(read("data.sig"), msg)
+key.verify(read("global.sig"), read("global.msg"))
+PY
+}
+
+have_openssl3() {
+    command -v openssl >/dev/null && [[ "$(openssl version 2>/dev/null)" =~ ^OpenSSL\ ([3-9]|[1-9][0-9]) ]]
+}
+have_python_crypto() {
+    command -v python3 >/dev/null && python3 -I -c 'import cryptography.hazmat.primitives.asymmetric.ed25519' 2>/dev/null
+}
+
+if [[ "$VERIFIER" == auto ]]; then
+    if command -v minisign >/dev/null; then
+        VERIFIER=minisign
+    elif have_openssl3; then
+        VERIFIER=openssl
+    elif have_python_crypto; then
+        VERIFIER=python
+    else
+        VERIFIER=none
+    fi
+fi
+case "$VERIFIER" in
+    minisign) command -v minisign >/dev/null || die "--verifier minisign: minisign is not installed" ;;
+    openssl) have_openssl3 || die "--verifier openssl: needs OpenSSL 3 or later" ;;
+    python) have_python_crypto || die "--verifier python: needs python3 with the cryptography package" ;;
+esac
+
+if [[ "$VERIFIER" == none ]]; then
+    if [[ $SKIP_SIGNATURE -eq 0 ]]; then
+        die "no trusted verifier on this host (minisign, openssl >= 3, or python3 with cryptography). Install one, or check $SIG elsewhere and rerun with --i-have-verified"
+    fi
+    warn "*** SIGNATURE NOT CHECKED (--i-have-verified): you vouch for $BUNDLE ***"
+else
+    "verify_$VERIFIER" || die "$SIG does not verify with release key $(key_id "$WORK/anchor.raw") ($VERIFIER): the bundle was altered or not signed by that key"
+    say "signature ok: release key $(key_id "$WORK/anchor.raw") (checked with $VERIFIER)"
+    [[ -z "$anchor_what" ]] && warn "trusted the key the bundle carries (first install, no --pubkey): this proves the bundle intact, not who made it"
+fi
+
+# ---------------------------------------------------------------- checksums, no extra files
+
+[[ -z "$(find . ! -type d ! -type f -print -quit)" ]] || die "the bundle holds links or special files: $(find . ! -type d ! -type f -print -quit)"
+while IFS= read -r line; do
+    [[ "$line" =~ ^[0-9a-f]{64}\ [\ *](.+)$ ]] || die "$SUMS: malformed line: $line"
+    name=${BASH_REMATCH[1]}
+    [[ "$name" =~ $SAFE_NAME && "/$name/" != */../* && "/$name/" != */./* ]] || die "$SUMS: unsafe path $name"
+    printf '%s\n' "$name"
+done <"$SUMS" | LC_ALL=C sort >"$WORK/listed"
+{ echo "$SUMS"; echo "$SIG"; cat "$WORK/listed"; } | LC_ALL=C sort >"$WORK/expected"
+find . -type f | sed 's|^\./||' | LC_ALL=C sort >"$WORK/present"
+extra=$(LC_ALL=C comm -13 "$WORK/expected" "$WORK/present" | head -n 1)
+[[ -z "$extra" ]] || die "$extra is in the bundle but not in $SUMS (unlisted file)"
+missing=$(LC_ALL=C comm -23 "$WORK/expected" "$WORK/present" | head -n 1)
+[[ -z "$missing" ]] || die "$missing is listed in $SUMS but missing"
+bad=$(sha256sum --strict -c "$SUMS" 2>/dev/null | grep -v ': OK$' | head -n 1 || true)
+[[ -z "$bad" ]] || die "checksum mismatch: $bad (the bundle was altered or damaged)"
+say "checksums ok: $(wc -l <"$WORK/listed") files"
+
+VERSION=$(sed -n 's/^version=//p' BUNDLE-INFO)
+ARCH=$(sed -n 's/^arch=//p' BUNDLE-INFO)
+[[ "$VERSION" =~ ^[A-Za-z0-9._+-]+$ ]] || die "BUNDLE-INFO: bad version '$VERSION'"
+if [[ "$ARCH" != "$(uname -m)" ]]; then
+    [[ $FORCE -eq 1 ]] || die "this bundle is for $ARCH, this machine is $(uname -m) (--force to install anyway)"
+    warn "installing a $ARCH bundle on $(uname -m) (--force)"
+fi
+
+# ---------------------------------------------------------------- kernel (warn only)
+
+release=${DENPEX_INSTALL_KERNEL_RELEASE:-$(uname -r)}
+btf=${DENPEX_INSTALL_BTF:-/sys/kernel/btf/vmlinux}
+IFS=.- read -r kmajor kminor _ <<<"$release"
+if ! [[ "$kmajor" =~ ^[0-9]+$ && "$kminor" =~ ^[0-9]+$ ]] || ((kmajor < 5 || (kmajor == 5 && kminor < 15))); then
+    warn "kernel $release is older than 5.15: eBPF collectors stay off; the agent uses procfs and the kernel log"
+elif [[ ! -e "$btf" ]]; then
+    warn "no $btf (kernel without BTF): eBPF collectors stay off; the agent uses procfs and the kernel log"
+else
+    say "kernel $release with BTF: eBPF collectors can load"
+fi
+
+if [[ $VERIFY_ONLY -eq 1 ]]; then
+    say "verified denpex $VERSION ($ARCH); nothing installed (--verify-only)"
+    exit 0
+fi
+
+# ---------------------------------------------------------------- install
+
+changed=0
+DEST="$PREFIX/versions/$VERSION"
+mkdir -p "$PREFIX/versions" "$PREFIX/bin" "$PREFIX/etc"
+if [[ -d "$DEST" ]] && cmp -s "$DEST/$SUMS" "$SUMS" && check_installed "$DEST"; then
+    say "denpex $VERSION is already installed in $DEST and intact"
+else
+    if [[ -e "$DEST" && $FORCE -eq 0 ]]; then
+        die "$DEST exists with other or damaged contents; rerun with --force to replace it"
+    fi
+    partial="$PREFIX/versions/.$VERSION.partial.$$"
+    rm -rf "$partial"
+    cp -R "$PAYLOAD" "$partial"
+    check_installed "$partial" || { rm -rf "$partial"; die "the copy in $partial does not match (disk full?)"; }
+    if [[ -e "$DEST" ]]; then
+        mv -T "$DEST" "$PREFIX/versions/.$VERSION.old.$$"
+        mv -T "$partial" "$DEST"
+        rm -rf "$PREFIX/versions/.$VERSION.old.$$"
+    else
+        mv -T "$partial" "$DEST"
+    fi
+    changed=1
+    say "installed denpex $VERSION into $DEST"
+fi
+
+current=$(readlink "$PREFIX/current" 2>/dev/null || true)
+if [[ "$current" != "versions/$VERSION" ]]; then
+    [[ -n "$current" ]] && relink "$current" "$PREFIX/previous"
+    relink "versions/$VERSION" "$PREFIX/current"
+    changed=1
+    say "$PREFIX/current -> versions/$VERSION${current:+ (previous: $current)}"
+fi
+relink ../current/denpex/denpex "$PREFIX/bin/denpex"
+relink ../current/denpex-static "$PREFIX/bin/denpex-static"
+
+install_file() { # install_file SRC DEST MODE: copy with @PREFIX@ filled in, only when different
+    local src=$1 dest=$2 mode=$3
+    sed "s|@PREFIX@|$PREFIX|g" "$src" >"$WORK/filled"
+    if [[ -f "$dest" ]] && cmp -s "$WORK/filled" "$dest"; then
+        return 0
+    fi
+    mkdir -p "$(dirname "$dest")"
+    install -m "$mode" "$WORK/filled" "$dest.new.$$"
+    mv -f "$dest.new.$$" "$dest"
+    changed=1
+    say "wrote $dest"
+}
+
+if [[ ! -f "$PREFIX/etc/agent.yaml" ]]; then
+    install_file config/agent.yaml "$PREFIX/etc/agent.yaml" 0644
+fi
+if ! cmp -s "$PREFIX/etc/denpex-release.pub" "$CARRIED" 2>/dev/null; then
+    install -m 0644 "$CARRIED" "$PREFIX/etc/denpex-release.pub"
+    changed=1
+    say "this prefix now trusts release key $(key_id "$WORK/carried.raw") ($PREFIX/etc/denpex-release.pub)"
+fi
+
+if [[ $WITH_SYSTEMD -eq 1 ]]; then
+    install_file systemd/denpex-agent.service "$SYSTEMD_DIR/denpex-agent.service" 0644
+    if [[ -d /run/systemd/system ]] && command -v systemctl >/dev/null; then
+        systemctl daemon-reload
+        if [[ $ENABLE -eq 1 ]]; then
+            systemctl enable --now denpex-agent.service
+        else
+            say "start it with: systemctl enable --now denpex-agent"
+        fi
+    else
+        warn "systemd is not running here: the unit is in place but was not loaded"
+    fi
+fi
+
+if [[ -n "$SLURM_DIR" ]]; then
+    for script in prolog.sh epilog.sh healthcheck.sh; do
+        install_file "slurm/$script" "$SLURM_DIR/denpex-$script" 0755
+    done
+    say "Slurm: set Prolog=$SLURM_DIR/denpex-prolog.sh Epilog=$SLURM_DIR/denpex-epilog.sh HealthCheckProgram=$SLURM_DIR/denpex-healthcheck.sh in slurm.conf"
+fi
+
+if [[ $changed -eq 0 ]]; then
+    say "nothing to do: denpex $VERSION is installed and current in $PREFIX"
+else
+    say "done: $PREFIX/bin/denpex (denpex $VERSION); roll back with: bash install.sh --prefix $PREFIX --rollback"
+fi
