@@ -74,8 +74,25 @@ def checks() -> list[tuple[str, bool, str]]:
             else "not found: cgroup OOM kills cannot be counted",
         )
     )
+    found.append(_sdk_check())
     found.extend(node_checks())
     return found
+
+
+def _sdk_check() -> tuple[str, bool, str]:
+    """Where the training SDK comes from: it runs inside the training process, with torch."""
+    if getattr(sys, "frozen", False):
+        return (
+            "SDK",
+            True,
+            "not in this binary (torch is not frozen in); for denpex.sdk in training code, "
+            "`pip install denpex` into the training environment",
+        )
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return ("SDK", True, "torch not installed in this Python: denpex.sdk's hooks need it")
+    return ("SDK", True, "denpex.sdk and torch importable here")
 
 
 def node_checks() -> list[tuple[str, bool, str]]:

@@ -76,8 +76,12 @@ def version_text(verbose: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # answered before the subcommand modules (and their imports) load
+        print(version_text(False))
+        return 0
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.version:
         print(version_text(args.verbose))
         return 0

@@ -58,6 +58,7 @@ def add_parser(commands) -> None:
 def handle(args: argparse.Namespace) -> int:
     from denpex.lite.hostwatch import RunHostWatch
     from denpex.lite.runner import run_command
+    from denpex.lite.sdk_channel import SdkListener
     from denpex.lite.session import LiteSession
 
     argv = list(args.cmd)
@@ -66,11 +67,20 @@ def handle(args: argparse.Namespace) -> int:
     if not argv:
         raise UsageError("no command given; usage: denpex run [options] -- CMD [ARGS...]")
     factory = None
+    sdk: SdkListener | None = None
     if not args.no_analysis:
         check_signature_dirs(args)
         options = report_options(args)
         options.title = f"denpex: {' '.join(argv)[:120]}"
         host_watch = RunHostWatch()  # before the job starts, so nothing it triggers is missed
+        try:
+            # bound before the analyzer forks, so both share it; without it the SDK writes
+            # `denpex-sdk:` lines to stderr, which the analysis reads all the same
+            sdk = SdkListener.open()
+        except OSError as exc:
+            print(
+                f"denpex run: no SDK socket ({exc}); SDK evidence goes to stderr", file=sys.stderr
+            )
 
         def factory(child_pid: int | None) -> LiteSession:
             # the catalog loads in the analyzer process, so the job starts at once; a broken
@@ -80,6 +90,15 @@ def handle(args: argparse.Namespace) -> int:
             except UsageError as exc:
                 print(f"denpex run: {exc}", file=sys.stderr)
                 raise RuntimeError("no diagnosis for this run: fix the signatures above") from None
-            return LiteSession.for_run(catalog, options, child_pid, host_watch)
+            return LiteSession.for_run(catalog, options, child_pid, host_watch, sdk)
 
-    return run_command(argv, use_pty=args.pty, session_factory=factory)
+    try:
+        return run_command(
+            argv,
+            use_pty=args.pty,
+            session_factory=factory,
+            extra_env=sdk.environ() if sdk is not None else None,
+        )
+    finally:
+        if sdk is not None:
+            sdk.close()

@@ -20,7 +20,7 @@ import termios
 import threading
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -541,13 +541,16 @@ def run_command(
     use_pty: bool | None = None,
     session_factory: SessionFactory | None = None,
     ring_bytes: int = 8 << 20,
+    extra_env: Mapping[str, str] | None = None,
 ) -> int:
-    """Run argv transparently (PTY iff our stdout is a TTY, unless forced); the exit status."""
+    """Run argv transparently (PTY iff our stdout is a TTY, unless forced); the exit status.
+
+    extra_env: variables added to the child's environment (the SDK socket's address)."""
     if not argv:
         raise ValueError("run_command needs a command to run")
     if use_pty is None:
         use_pty = os.isatty(1)
-    env = child_environ()
+    env = child_environ(extra=extra_env)
     stdin_ok = _fd_valid(0)
     placeholders = _hold_std_fds()  # a closed 0/1/2 must not be reused by our own pipes
     analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None

@@ -15,6 +15,7 @@ import denpex._native as native
 from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
+from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
 
 LINE_CAP = 64 * 1024
@@ -85,6 +86,10 @@ class Scanner:
         self.rank_of_device: dict[tuple[str | None, int], int] = {}  # (host, cudaDev) → rank
         self.host_of_rank: dict[int, str] = {}
         self._seq = 0
+        self.sdk_messages = 0  # SDK Evidence/Events taken in (socket or `denpex-sdk:` lines)
+        self.sdk_bad_lines = 0  # `denpex-sdk:` lines that could not be decoded
+        self.sdk_dropped: dict[tuple[str | None, int | None], int] = {}  # per (host, pid)
+        self._sdk_ids: set[str] = set()
         self._splitter_cls = native.load("linesplit").LineSplitter
 
     # -- input ---------------------------------------------------------------------------
@@ -146,7 +151,8 @@ class Scanner:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
-        self._learn_attribution(state, lines, parsed_at)
+        if STDERR_PREFIX in self._learn_attribution(state, lines, parsed_at):
+            lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
         best: dict[tuple[int, str], Match] = {}
@@ -176,7 +182,8 @@ class Scanner:
                 state.last_ts_ns = ts
                 break
 
-    def _learn_attribution(self, state: StreamState, lines: list[bytes], parsed_at) -> None:
+    def _learn_attribution(self, state: StreamState, lines: list[bytes], parsed_at) -> bytes:
+        """Learns who is who from the lines; returns them joined (one copy, reused)."""
         joined = b"\n".join(lines)
         if b" NCCL " in joined and len(state.nccl_hosts) < 2:
             for named in _NCCL_LINE_HOST.finditer(joined):
@@ -196,6 +203,66 @@ class Scanner:
             for found in _SRUN_TASKS.finditer(joined):
                 for rank in _rank_list(found.group(2).decode()):
                     self.host_of_rank.setdefault(rank, found.group(1).decode())
+        return joined
+
+    # -- SDK messages (`denpex-sdk: {json}` lines and the wrapper's socket) -----------------
+    def _take_sdk_lines(
+        self, state: StreamState, lines: list[bytes], parsed_at, first_seq: int
+    ) -> list[bytes]:
+        """SDK lines become their Evidence directly; they are blanked so that no signature
+        matches the JSON a second time (blank, not removed: line indexes stay aligned)."""
+        kept = list(lines)
+        for index, line in enumerate(lines):
+            payload = stderr_payload(line) if STDERR_PREFIX in line else None
+            if payload is None:
+                continue
+            kept[index] = b""
+            try:
+                item = decode_message(payload)
+            except SdkWireError:
+                self.sdk_bad_lines += 1
+                continue
+            parsed = parsed_at(index)  # a `[rank3]:` or host prefix fills what the SDK left out
+            self.add_sdk(
+                item, state.name, host=parsed.host, rank=parsed.rank, seq=first_seq + index
+            )
+        return kept
+
+    def add_sdk(
+        self,
+        item: Evidence | Event,
+        stream: str = "sdk",
+        *,
+        host: str | None = None,
+        rank: int | None = None,
+        seq: int | None = None,
+    ) -> None:
+        """Take one SDK message: Evidence joins the run's evidence as it is (renumbered, the
+        SDK's own id kept in attrs.sdk_id, repeats ignored); Events are counted."""
+        self.sdk_messages += 1
+        event = item.event if isinstance(item, Evidence) else item
+        event.host = event.host or host or self.default_host
+        event.rank = event.rank if event.rank is not None else rank
+        if not isinstance(item, Evidence):
+            if event.kind == "metric" and event.body == "sdk_dropped_messages":
+                value = event.attrs.get("value")
+                if isinstance(value, int | float):
+                    self.sdk_dropped[(event.host, event.pid)] = int(value)
+            return
+        if item.id in self._sdk_ids:
+            return
+        self._sdk_ids.add(item.id)
+        self.matches += 1
+        if len(self.evidence) >= MAX_EVIDENCE:
+            self.evidence_dropped += 1
+            return
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
+        event.seq = seq
+        event.attrs = {**event.attrs, "sdk_id": item.id, "stream": stream}
+        item.id = f"e{len(self.evidence) + 1}"
+        self.evidence.append(item)
 
     def _time_before(self, state: StreamState, parsed_at, index: int) -> int | None:
         for back in range(index - 1, max(-1, index - _LOOKBACK_FOR_TIME), -1):
@@ -281,13 +348,18 @@ class Scanner:
                     event.rank = rank
 
     def stats(self) -> dict[str, int]:
-        return {
+        stats = {
             "bytes": self.bytes,
             "lines": self.lines,
             "matches": self.matches,
             "truncated_line_bytes": self.truncated_bytes,
             "evidence_dropped": self.evidence_dropped,
         }
+        if self.sdk_messages or self.sdk_bad_lines:  # only runs that used the SDK show these
+            stats["sdk_messages"] = self.sdk_messages
+            stats["sdk_bad_lines"] = self.sdk_bad_lines
+            stats["sdk_dropped_messages"] = sum(self.sdk_dropped.values())
+        return stats
 
 
 def _rank_list(text: str) -> list[int]:

@@ -26,6 +26,7 @@ from denpex.lite.hostwatch import (
     RunHostWatch,
 )
 from denpex.lite.scanner import Scanner
+from denpex.lite.sdk_channel import SdkListener
 
 STREAM_NAMES = {1: "stdout", 2: "stderr"}
 
@@ -53,6 +54,7 @@ class LiteSession:
         host: str | None = None,
         host_watch: RunHostWatch | None = None,
         child_pid: int | None = None,
+        sdk: SdkListener | None = None,
     ) -> None:
         self.catalog = catalog
         self.options = options
@@ -64,6 +66,7 @@ class LiteSession:
         self.cgroup: CgroupMemoryWatch | None = host_watch.cgroup if host_watch else None
         self.agent: AgentLink | None = None
         self.agent_since_ns = time.time_ns()
+        self.sdk = sdk  # the job's SDK socket (`denpex run`), read on every tick
 
     @classmethod
     def for_run(
@@ -72,6 +75,7 @@ class LiteSession:
         options: ReportOptions,
         child_pid: int | None,
         host_watch: RunHostWatch | None,
+        sdk: SdkListener | None = None,
     ) -> LiteSession:
         """The session of a wrapped job on this host (`host_watch` was opened before it ran);
         the job is registered with the node agent when one is running here."""
@@ -81,6 +85,7 @@ class LiteSession:
             host=socket.gethostname(),
             host_watch=host_watch,
             child_pid=child_pid,
+            sdk=sdk,
         )
         link = AgentLink.from_env()
         if child_pid and link is not None:
@@ -103,10 +108,29 @@ class LiteSession:
             state = self.scanner.stream("kmsg", host=self.scanner.default_host, source="kmsg")
             for record in self.kmsg.poll():
                 self.scanner.add_parsed(state, record)
+        if self.sdk is not None:
+            for item in self.sdk.poll():
+                self.scanner.add_sdk(item)
+
+    def _finish_sdk(self) -> None:
+        """The job ended: take what its processes still sent, then close the socket."""
+        if self.sdk is None:
+            return
+        for item in self.sdk.drain():
+            self.scanner.add_sdk(item)
+        stats = self.sdk.stats
+        if stats.garbage_lines or stats.oversized_lines:
+            self.notes.append(
+                f"{stats.garbage_lines + stats.oversized_lines} unreadable line(s) on the SDK "
+                f"socket ({stats.last_error or 'over the size cap'})"
+            )
+        self.sdk.close()
+        self.sdk = None
 
     def finish(self, result) -> None:
         """Called once after the child ended (`result` is the runner's RunResult)."""
         self.tick()
+        self._finish_sdk()
         stats = {
             "dropped_analysis_bytes": int(result.bytes_dropped),
             "relayed_bytes": int(result.bytes_total),
@@ -138,6 +162,9 @@ class LiteSession:
                     f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them"
                 )
         evidence.extend(self._agent_evidence(len(evidence)))
+        dropped = sum(self.scanner.sdk_dropped.values())
+        if dropped:
+            self.notes.append(f"the training SDK dropped {dropped} message(s) (queue full)")
         stats = self.scanner.stats()
         stats.setdefault("dropped_analysis_bytes", 0)
         stats.update(extra_stats or {})

@@ -1,0 +1,40 @@
+"""Layer 4, the training SDK (`import denpex.sdk as dx`): per-layer health, checksums,
+replica agreement, canaries, progress, checkpoint integrity, inside the training process.
+
+It never raises into the training loop and never blocks it; torch and the framework
+integrations are imported lazily, so importing denpex.sdk costs nothing without them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from denpex.sdk.watch import Guard, Monitor, watch
+
+if TYPE_CHECKING:  # resolved lazily below, so a missing module never breaks the import
+    from denpex.sdk.checkpoint import load, save
+    from denpex.sdk.transport import default_emit as emit
+
+__all__ = ["Guard", "Monitor", "emit", "jax", "load", "save", "watch"]
+
+# public name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "save": ("denpex.sdk.checkpoint", "save"),
+    "load": ("denpex.sdk.checkpoint", "load"),
+    "emit": ("denpex.sdk.transport", "default_emit"),
+    "jax": ("denpex.sdk.integrations.jax", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'denpex.sdk' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AttributeError(
+            f"denpex.sdk.{name} is unavailable: importing {module_name} failed ({exc})"
+        ) from exc
+    return module if attribute is None else getattr(module, attribute)

@@ -1,0 +1,493 @@
+"""`dx.watch(model, optimizer)` and the Guard it returns: the per-step entry point of the SDK,
+which schedules health sampling, checksums, replica agreement and canaries and emits evidence.
+
+`Guard.step()` never raises into the training loop: a failing feature is reported once on
+stderr and switched off, and every rank still enters every collective at the same step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from denpex.core.events import Event, Evidence, metric
+from denpex.sdk.canary import CanaryCheck, CanaryRunner, WeightIntegrity
+from denpex.sdk.checksums import CudaSnapshot, TensorSet, combine, optimizer_state_tensors
+from denpex.sdk.health import (
+    Finding,
+    ForwardRecorder,
+    LayerNorms,
+    LossScaleTracker,
+    LossSpikeDetector,
+    nonfinite_activation,
+    nonfinite_loss,
+)
+
+Emit = Callable[[Any], None]
+MAX_FEATURE_ERRORS = 3
+DEFAULT_OPTIONS: dict[str, Any] = {
+    # "always": hooks reduce every module's output on every forward; "sampled": only on sampled
+    # steps; "auto": always on CUDA (the reductions are queued asynchronously, nearly free),
+    # sampled on CPU (each reduction is synchronous work: about 15 % of a small model's step)
+    "nan_scan": "auto",
+    "spike_threshold": 10.0,
+    "spike_window": 200,
+    "spike_min_history": 20,
+    "scale_halvings": 6,
+    "scale_window": 200,
+    "scale_floor": 1.0,
+    "metrics_top_k": 8,
+    "checksum_optimizer": False,
+    "replicas": True,  # True: compare with the group's replicas; False: off; "always"
+    "replica_slots": 1024,  # digests per replica gather; more tensors are hashed in buckets
+    "weight_integrity": True,
+    "update_ratio_max_bytes": 1 << 30,
+    "progress": True,  # drive sdk/progress.py's ProgressMonitor (hangs, stragglers) if present  # no update/weight ratio (it needs a weights copy) above
+}
+
+
+class Monitor(Protocol):
+    """A per-step observer the Guard drives (sdk/progress.py's ProgressMonitor follows it)."""
+
+    def on_step(self, step: int, loss: float | None, loss_scale: float | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def default_emit() -> Emit:
+    """The transport's `default_emit` when present, else one JSON line per item on stderr."""
+    try:
+        from denpex.sdk.transport import default_emit as transport_emit
+
+        return transport_emit  # type: ignore[no-any-return]
+    except ImportError:
+        return _stderr_emit
+
+
+def _stderr_emit(item: Any) -> None:
+    import json
+
+    from denpex.core.wire import event_to_dict, evidence_to_dict
+
+    data = evidence_to_dict(item) if isinstance(item, Evidence) else event_to_dict(item)
+    sys.stderr.write("denpex.sdk " + json.dumps(data, sort_keys=True) + "\n")
+
+
+def _identity(rank: int | None, group: Any) -> tuple[int, int, bool]:
+    """(rank, world size, whether torch.distributed is initialized)."""
+    import torch.distributed as dist
+
+    initialized = dist.is_available() and dist.is_initialized()
+    if initialized:
+        world = dist.get_world_size()
+        return (dist.get_rank() if rank is None else rank), world, True
+    env_rank = os.environ.get("RANK")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return (rank if rank is not None else int(env_rank or 0)), world, False
+
+
+class Guard:
+    """Everything `watch()` attached to one model; call `step()` once per training step."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        every: int = 50,
+        checksum_every: int | None = None,
+        canary_batch: Any = None,
+        canary_every: int | None = None,
+        group: Any = None,
+        rank: int | None = None,
+        emit: Emit | None = None,
+        **options: Any,
+    ) -> None:
+        if every < 1:
+            raise ValueError(f"watch(every={every}): the sampling interval must be >= 1 step")
+        self.model, self.optimizer = model, optimizer
+        self.every = every
+        self.checksum_every = checksum_every or every
+        self.canary_every = canary_every or 4 * every
+        self.options = {**DEFAULT_OPTIONS, **options}
+        self.emit_fn = emit or default_emit()
+        self.rank, self.world_size, distributed = _identity(rank, group)
+        self.group = group
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.job = os.environ.get("DENPEX_JOB") or os.environ.get("SLURM_JOB_ID")
+        first = next(iter(model.parameters()), None)
+        self.device = str(first.device.index) if first is not None and first.is_cuda else None
+        self.step_index = 0
+        self.optimizer_steps = 0
+        self.errors: dict[str, int] = {}
+        self.disabled: set[str] = set()
+        self._emitted = 0
+        self._closed = False
+        self._handles: list[Any] = []
+        self._pending_losses: list[tuple[int, Any, list[tuple[int, Any]]]] = []
+        self._in_nan_episode = False
+        self._pending_snapshot: tuple[int, int, CudaSnapshot] | None = None
+
+        named_params = [(n, p) for n, p in model.named_parameters()]
+        self.params = TensorSet.of(named_params)
+        self.buffers = TensorSet.of(model.named_buffers())
+        self.norms = LayerNorms(named_params)
+        param_bytes = sum(p.numel() * p.element_size() for _, p in named_params)
+        self.update_ratio = param_bytes <= self.options["update_ratio_max_bytes"]
+        scan = self.options["nan_scan"]
+        if scan == "auto":
+            on_gpu = any(p.is_cuda for _, p in named_params)
+            scan = self.options["nan_scan"] = "always" if on_gpu else "sampled"
+        self.recorder = ForwardRecorder(model) if scan != "off" else None
+        if self.recorder is not None:
+            self.recorder.armed = scan == "always" or 1 % every == 0
+        self.spikes = LossSpikeDetector(
+            self.options["spike_window"],
+            self.options["spike_min_history"],
+            self.options["spike_threshold"],
+        )
+        self.scale = LossScaleTracker(
+            self.options["scale_halvings"],
+            self.options["scale_window"],
+            self.options["scale_floor"],
+        )
+        self.hash_optimizer = bool(self.options["checksum_optimizer"]) and optimizer is not None
+        self.replicas = None
+        if distributed and self.options["replicas"]:
+            from denpex.sdk.replicas import ReplicaChecker
+
+            names = self.params.names + (["<optimizer state>"] if self.hash_optimizer else [])
+            shapes = [tuple(p.shape) for _, p in named_params] + (
+                [()] if self.hash_optimizer else []
+            )
+            checker = ReplicaChecker(group, names, shapes, self.options["replica_slots"])
+            # "always" gathers even in a group of one (benchmarks measure the collective)
+            alone_ok = self.options["replicas"] == "always"
+            self.replicas = checker if checker.size > 1 or alone_ok else None
+        self.canary = CanaryRunner(model, canary_batch) if canary_batch is not None else None
+        self.canary_check = CanaryCheck()
+        self.integrity = WeightIntegrity()
+        if optimizer is not None:
+            self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        self.monitor = self._progress_monitor()
+
+    # --- the per-step entry point --------------------------------------------------------
+
+    def step(self, loss: Any = None, *, loss_scale: float | None = None) -> None:
+        """Once per training step, after optimizer.step(). Never raises."""
+        if self._closed:
+            return
+        self.step_index += 1
+        step = self.step_index
+        sampled = step % self.every == 0
+        loss_value = self._run("health", self._observe_loss, step, loss, sampled)
+        if loss_scale is not None:
+            self._run("health", self._observe_scale, step, loss_scale)
+        if sampled:
+            self._run("health", self._sample_norms, step)
+        elif self.norms._snapshot is not None:
+            self._run("health", self._emit_update_ratio, step)
+        self._checksum_schedule(step)
+        if self.canary is not None and step % self.canary_every == 0:
+            self._run("canary", self._check_canary, step)
+        if self.recorder is not None and self.options["nan_scan"] == "sampled":
+            self.recorder.armed = (step + 1) % self.every == 0
+        if self.monitor is not None:
+            scale = float(loss_scale) if loss_scale is not None else None
+            self._run("progress", self.monitor.on_step, step, loss_value, scale)
+
+    def close(self) -> None:
+        """Read what is pending, remove hooks, close the progress monitor. Idempotent."""
+        if self._closed:
+            return
+        self._run("health", self._flush_losses)
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self.recorder is not None:
+            self.recorder.remove()
+        if self.monitor is not None:
+            self._run("progress", self.monitor.close)
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- health --------------------------------------------------------------------------
+
+    def _observe_loss(self, step: int, loss: Any, sampled: bool) -> float | None:
+        records = self.recorder.take() if self.recorder is not None else []
+        if loss is None:
+            if sampled and records:
+                self._check_activations(step, records)
+            return None
+        if hasattr(loss, "detach"):
+            if loss.is_cuda:
+                # reading a CUDA loss waits for the device: batch the reads, one per interval
+                self._pending_losses.append((step, loss.detach(), records))
+                if sampled or len(self._pending_losses) >= self.every:
+                    self._flush_losses()
+                return None
+            value = float(loss.detach())
+        else:
+            value = float(loss)
+        self._judge_loss(step, value, records, sampled)
+        return value
+
+    def _flush_losses(self) -> None:
+        pending, self._pending_losses = self._pending_losses, []
+        if not pending:
+            return
+        import torch
+
+        values = torch.stack([t.float().reshape(()) for _, t, _ in pending]).cpu().tolist()
+        for (step, _, records), value in zip(pending, values, strict=True):
+            self._judge_loss(step, value, records, step % self.every == 0)
+
+    def _judge_loss(self, step: int, value: float, records: list, sampled: bool) -> None:
+        if not math.isfinite(value):
+            if not self._in_nan_episode:
+                self._in_nan_episode = True
+                module = self.recorder.first_nonfinite(records) if self.recorder else None
+                self._report(step, nonfinite_loss(step, value, module))
+            return
+        self._in_nan_episode = False
+        spike = self.spikes.observe(step, value)
+        if spike is not None:
+            self._report(step, spike)
+        if sampled:
+            self._check_activations(step, records)
+            self._metric(step, "sdk_loss", value)
+
+    def _check_activations(self, step: int, records: list) -> None:
+        if self.recorder is None:
+            return
+        module = self.recorder.first_nonfinite(records)
+        if module is not None:
+            self._report(step, nonfinite_activation(step, module))
+
+    def _observe_scale(self, step: int, scale: float) -> None:
+        finding = self.scale.observe(step, float(scale))
+        if finding is not None:
+            self._report(step, finding)
+
+    def _sample_norms(self, step: int) -> None:
+        found = self.norms.measure(keep_snapshot=self.update_ratio)
+        self._metric(step, "sdk_weight_l2_norm", found["total_weight"])
+        self._metric(step, "sdk_grad_l2_norm", found["total_grad"])
+        top = found["grad"].argsort(descending=True)[: self.options["metrics_top_k"]].tolist()
+        weights, grads = found["weight"].tolist(), found["grad"].tolist()
+        for index in top:
+            layer = self.norms.layers[index]
+            self._metric(step, "sdk_layer_grad_l2_norm", grads[index], layer=layer)
+            self._metric(step, "sdk_layer_weight_l2_norm", weights[index], layer=layer)
+
+    def _emit_update_ratio(self, step: int) -> None:
+        measured = self.norms.update_ratio()
+        if measured is None:
+            return
+        ratio, total = measured
+        self._metric(step, "sdk_update_weight_ratio", total)
+        for index in ratio.argsort(descending=True)[: self.options["metrics_top_k"]].tolist():
+            layer = self.norms.layers[index]
+            self._metric(step, "sdk_layer_update_weight_ratio", float(ratio[index]), layer=layer)
+
+    # --- checksums, replicas, weight integrity -------------------------------------------
+
+    def _checksum_schedule(self, step: int) -> None:
+        """CPU: hash and compare now. CUDA: start a snapshot now, compare at the next step
+        (hashed on a worker thread meanwhile). The same schedule on every rank."""
+        if self._pending_snapshot is not None:
+            taken_at, optimizer_steps, snapshot = self._pending_snapshot
+            self._pending_snapshot = None
+            digests = self._run("checksums", snapshot.wait_digests)
+            self._compare(taken_at, digests, optimizer_steps)
+        if step % self.checksum_every != 0:
+            return
+        if self.params.on_cuda and not self.hash_optimizer and "checksums" not in self.disabled:
+            snapshot = self._run("checksums", CudaSnapshot, self.params.tensors)
+            if snapshot is not None:
+                snapshot.start_hashing()
+                self._pending_snapshot = (step, self.optimizer_steps, snapshot)
+                return
+        digests = None if "checksums" in self.disabled else self._run("checksums", self._digest)
+        self._compare(step, digests, self.optimizer_steps)
+
+    def _digest(self) -> list[int]:
+        """Parameter digests, plus one digest of the whole optimizer state when asked."""
+        digests = self.params.digest_now()
+        if self.hash_optimizer:
+            state = TensorSet.of(optimizer_state_tensors(self.optimizer)).digest_now()
+            digests.append(combine(state))
+        return digests
+
+    def _compare(self, step: int, digests: list[int] | None, optimizer_steps: int) -> None:
+        """Replica agreement and weight integrity for digests taken at `step`, when the
+        optimizer had run `optimizer_steps` steps."""
+        if self.replicas is not None and "replicas" not in self.disabled:
+            # entered even when hashing failed (digests None), so no peer waits for us
+            findings = self._run("replicas", self.replicas.check, step, digests) or []
+            for finding in findings:
+                self._report(step, finding)
+        if digests is not None and self.optimizer is not None and self.options["weight_integrity"]:
+            weights = combine(digests[: len(self.params)])
+            found = self.integrity.verify(step, weights, optimizer_steps, "at the next check")
+            if found is not None:
+                self._report(step, found)
+            self.integrity.record(weights, optimizer_steps)
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.integrity.armed or self._closed:
+            return
+
+        def verify() -> None:
+            weights = combine(self.params.digest_now())
+            where = "before the next optimizer step"
+            found = self.integrity.verify(self.step_index, weights, self.optimizer_steps, where)
+            if found is not None:
+                self._report(self.step_index, found)
+
+        self._run("integrity", verify)
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.optimizer_steps += 1
+
+    def _check_canary(self, step: int) -> None:
+        assert self.canary is not None
+        weights = combine(self.params.digest_now() + self.buffers.digest_now())
+        recorder_armed = self.recorder.armed if self.recorder else False
+        if self.recorder is not None:
+            self.recorder.armed = False  # the canary's forward is not a training forward
+        try:
+            finding = self.canary_check.check(step, weights, self.canary)
+        finally:
+            if self.recorder is not None:
+                self.recorder.armed = recorder_armed
+        if finding is not None:
+            self._report(step, finding)
+
+    # --- emitting ------------------------------------------------------------------------
+
+    def _event(self, body: str, step: int) -> Event:
+        return Event(
+            body=body,
+            ts_ns=time.time_ns(),
+            host=self.host,
+            source="sdk",
+            kind="state",
+            rank=self.rank,
+            pid=self.pid,
+            job=self.job,
+            attrs={"step": step},
+        )
+
+    def _report(self, step: int, finding: Finding) -> None:
+        captures = {"rank": str(self.rank), "host": self.host, **finding.captures}
+        if self.device is not None:
+            captures["device"] = self.device
+        self._emitted += 1
+        evidence = Evidence(
+            id=f"sdk-{self.host}-{self.pid}-{self.rank}-{step}-{self._emitted}",
+            event=self._event(finding.summary, step),
+            signature=finding.signature,
+            category=finding.category,
+            severity=finding.severity,
+            captures=captures,
+            summary=finding.summary,
+            action=finding.action,
+        )
+        self._run("emit", self.emit_fn, evidence)
+
+    def _metric(self, step: int, name: str, value: float, **labels: str) -> None:
+        event = metric(
+            name,
+            value,
+            source="sdk",
+            labels=labels,
+            host=self.host,
+            ts_ns=time.time_ns(),
+            job=self.job,
+            rank=self.rank,
+            pid=self.pid,
+        )
+        self._run("emit", self.emit_fn, event)
+
+    def _run(self, feature: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call `fn`; on an exception count it, say so once on stderr, and after a few
+        switch the feature off. The training loop never sees it."""
+        if feature in self.disabled:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            count = self.errors[feature] = self.errors.get(feature, 0) + 1
+            if count == 1:
+                sys.stderr.write(
+                    f"denpex.sdk: {feature} failed at step {self.step_index} ({exc!r}); "
+                    "training continues\n"
+                )
+            if count >= MAX_FEATURE_ERRORS and feature not in ("replicas", "emit"):
+                self.disabled.add(feature)
+            return None
+
+    def _progress_monitor(self) -> Monitor | None:
+        if not self.options["progress"]:
+            return None
+        try:
+            from denpex.sdk.progress import ProgressMonitor
+        except ImportError:
+            return None
+        monitor: Monitor | None = self._run(
+            "progress",
+            lambda: ProgressMonitor(
+                rank=self.rank,
+                world_size=self.world_size,
+                group=self.group,
+                emit=self.emit_fn,
+                host=self.host,
+                options=self.options,
+            ),
+        )
+        attach = getattr(monitor, "attach", None)
+        if attach is not None:
+            self._run("progress", attach, self.model)  # times backward, when it knows how
+        return monitor
+
+
+def watch(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    every: int = 50,
+    checksum_every: int | None = None,
+    canary_batch: Any = None,
+    canary_every: int | None = None,
+    group: Any = None,
+    rank: int | None = None,
+    emit: Emit | None = None,
+    **options: Any,
+) -> Guard:
+    """Attach denpex to a model (and its optimizer); see Guard. `group` is the process group
+    of the replicas of this rank's data (the DP group; default WORLD when distributed)."""
+    return Guard(
+        model,
+        optimizer,
+        every=every,
+        checksum_every=checksum_every,
+        canary_batch=canary_batch,
+        canary_every=canary_every,
+        group=group,
+        rank=rank,
+        emit=emit,
+        **options,
+    )

@@ -1,0 +1,80 @@
+"""Parameter digests: identical to the `xxhash` package, zero-copy over CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="checksum tests hash torch tensors")
+xxhash = pytest.importorskip("xxhash", reason="the oracle is the xxhash package")
+np = pytest.importorskip("numpy", reason="byte views are numpy arrays")
+
+from denpex.sdk.checksums import (  # noqa: E402
+    CudaSnapshot,
+    TensorSet,
+    byte_view,
+    combine,
+    optimizer_state_tensors,
+    to_signed,
+)
+
+
+def oracle(tensor) -> int:
+    return xxhash.xxh3_64_intdigest(
+        tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64])
+def test_digests_equal_the_xxhash_package(dtype):
+    gen = torch.Generator().manual_seed(3)
+    tensors = [
+        (torch.randn(17, 5, generator=gen) * 100).to(dtype),
+        torch.tensor(2.5).to(dtype),  # 0-dim
+        torch.zeros(0, dtype=dtype),  # empty
+        (torch.randn(4, 6, generator=gen) * 100).to(dtype).t(),  # not contiguous
+    ]
+    got = TensorSet.of((str(i), t) for i, t in enumerate(tensors)).digest_now()
+    assert got == [oracle(t) for t in tensors]
+    assert got[2] == xxhash.xxh3_64_intdigest(b"")
+
+
+def test_cpu_views_share_the_tensor_storage():
+    tensor = torch.randn(64, 64)
+    view = byte_view(tensor)
+    assert view.__array_interface__["data"][0] == tensor.data_ptr()
+    assert view.nbytes == tensor.numel() * 4
+    tensors = TensorSet.of([("w", tensor)])
+    before = tensors.digest_now()
+    tensor.add_(1.0)  # in place, as optimizers update: the cached view sees it
+    after = tensors.digest_now()
+    assert before != after and after == [oracle(tensor)]
+
+
+def test_views_are_rebuilt_when_a_parameter_gets_new_storage():
+    param = torch.nn.Parameter(torch.ones(8))
+    tensors = TensorSet.of([("p", param)])
+    tensors.digest_now()
+    param.data = torch.full((8,), 3.0)
+    assert tensors.digest_now() == [oracle(param)]
+
+
+def test_snapshot_path_matches_the_zero_copy_path():
+    tensors = [torch.randn(33), torch.randn(7, 3).to(torch.bfloat16), torch.zeros(0)]
+    snapshot = CudaSnapshot(tensors)  # on a machine without CUDA it stages CPU tensors alike
+    snapshot.start_hashing()
+    assert snapshot.wait_digests() == [oracle(t) for t in tensors]
+
+
+def test_optimizer_state_is_listed_in_a_stable_order_and_combined():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    assert optimizer_state_tensors(optimizer) == []
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    names = [name for name, _ in optimizer_state_tensors(optimizer)]
+    assert names == [
+        "optimizer.0.exp_avg", "optimizer.0.exp_avg_sq", "optimizer.0.step",
+        "optimizer.1.exp_avg", "optimizer.1.exp_avg_sq", "optimizer.1.step",
+    ]  # fmt: skip
+    assert combine([1, 2]) != combine([2, 1])
+    assert to_signed(2**64 - 1) == -1 and to_signed(5) == 5

@@ -1,0 +1,168 @@
+"""dx.watch() end to end on CPU: NaN naming the module where it started, spikes, loss-scale
+collapse, bounded metrics, and a Guard that never raises into the training loop."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def test_import_without_torch_and_lazy_names():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import denpex.sdk as dx\n"
+        "assert callable(dx.watch) and dx.Guard\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "try:\n    dx.no_such_name\nexcept AttributeError:\n    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+torch = pytest.importorskip("torch", reason="watch() tests train a torch model")
+
+import denpex.sdk as dx  # noqa: E402
+from denpex.core.events import Evidence  # noqa: E402
+from denpex.core.wire import evidence_from_dict, evidence_to_dict  # noqa: E402
+
+
+class Poison(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.on = False
+
+    def forward(self, x):
+        return x * float("nan") if self.on else x
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Linear(6, 16)
+        self.middle = torch.nn.Sequential(torch.nn.Linear(16, 16), Poison(), torch.nn.GELU())
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.middle(self.embed(x)))
+
+
+def train(guard, model, optimizer, steps, *, poison_at=None, spike_at=None, scales=None):
+    gen = torch.Generator().manual_seed(1)
+    for step in range(1, steps + 1):
+        model.middle[1].on = poison_at is not None and step >= poison_at
+        x = torch.randn(8, 6, generator=gen)
+        optimizer.zero_grad()
+        loss = ((model(x) - 1.0) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        reported = loss * 1000 if step == spike_at else loss
+        guard.step(reported, loss_scale=scales(step) if scales else None)
+
+
+def evidence(items, category):
+    return [e for e in items if isinstance(e, Evidence) and e.category == category]
+
+
+@pytest.mark.parametrize(
+    ("poison_at", "nan_scan"),
+    [(13, "always"), (20, "auto")],  # an unsampled step with every forward scanned; a sampled one
+)
+def test_nan_in_a_middle_activation_names_that_layer(poison_at, nan_scan):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False, nan_scan=nan_scan)
+    train(guard, model, optimizer, 30, poison_at=poison_at)
+    guard.close()
+    (nan,) = evidence(got, "train.nan_loss")  # one per episode, not one per NaN step
+    assert nan.captures["module"] == "middle.1"
+    assert nan.captures["step"] == str(poison_at)
+    assert nan.event.source == "sdk" and nan.event.kind == "state" and nan.event.rank == 0
+    assert nan.signature == "train.nan_loss.first_module" and nan.severity == "error"
+    assert evidence_from_dict(evidence_to_dict(nan)) == nan  # the wire accepts it
+
+
+def test_a_nan_between_samples_on_cpu_is_reported_without_guessing_the_module():
+    # on CPU the default scans activations on sampled steps only: the NaN at step 13 is
+    # reported at once, and no later step names a module that merely inherited it
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False)
+    train(guard, model, optimizer, 30, poison_at=13)
+    guard.close()
+    (nan,) = evidence(got, "train.nan_loss")
+    assert nan.signature == "train.nan_loss.value" and nan.captures["step"] == "13"
+    assert "module" not in nan.captures
+
+
+def test_loss_spike_and_loss_scale_collapse():
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False)
+
+    def scales(step):
+        return 2.0 ** (16 - max(0, step - 50) // 3)  # halving every 3 steps after step 50
+
+    train(guard, model, optimizer, 80, spike_at=40, scales=scales)
+    guard.close()
+    (spike,) = evidence(got, "train.loss_spike")
+    assert spike.captures["step"] == "40"
+    (overflow,) = evidence(got, "train.grad_overflow")
+    assert overflow.signature == "train.grad_overflow.loss_scale_collapse"
+    assert evidence(got, "train.nan_loss") == evidence(got, "train.sdc") == []
+
+
+def test_metrics_only_on_sampled_steps_and_bounded():
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False, metrics_top_k=2)
+    train(guard, model, optimizer, 30)
+    guard.close()
+    metrics = [e for e in got if not isinstance(e, Evidence)]
+    assert metrics and all(m.kind == "metric" and m.source == "sdk" for m in metrics)
+    names = {m.body for m in metrics}
+    assert {
+        "sdk_loss",
+        "sdk_grad_l2_norm",
+        "sdk_weight_l2_norm",
+        "sdk_update_weight_ratio",
+    } <= names
+    per_sample = [m for m in metrics if m.attrs.get("layer")]
+    assert len(per_sample) <= 3 * 3 * 2  # 3 samples × 3 per-layer series × top 2 layers
+    assert all(m.attrs["value"] >= 0 for m in metrics)
+
+
+def test_guard_never_raises_and_close_removes_hooks():
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def broken_emit(item):
+        raise OSError("transport down")
+
+    with dx.watch(model, optimizer, every=1, emit=broken_emit, progress=False) as guard:
+        train(guard, model, optimizer, 5, poison_at=3)
+        guard.step(loss="not a number")  # a bad argument is reported, not raised
+    assert guard.errors.get("emit", 0) >= 1
+    assert not model._forward_hooks and not model.middle[0]._forward_hooks
+    assert not optimizer._optimizer_step_pre_hooks
+    guard.step(1.0)  # after close: a no-op
+
+
+def test_progress_monitor_is_driven_when_present():
+    pytest.importorskip("denpex.sdk.progress", reason="sdk/progress.py not present")
+    model = Net()
+    guard = dx.watch(model, every=5, emit=lambda item: None)
+    assert guard.monitor is not None
+    guard.step(1.0)
+    guard.close()
