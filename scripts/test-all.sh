@@ -35,9 +35,11 @@ echo "== backends"
 echo "== lint"
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
-"$PYTHON" -m mypy denpex _native
+"$PYTHON" -m mypy denpex _native sdk
 echo "== catalog"
 "$PYTHON" -m denpex.catalog.check
+echo "== frozen binaries (dist/: onedir, onefile, static) for the slow dist tests"
+bash dist_scripts/build_binary.sh
 echo "== tests (compiled extensions)"
 "$PYTHON" -m pytest "$@"
 echo "== tests (pure-Python fallbacks, DENPEX_NO_EXTENSIONS=1)"

@@ -13,15 +13,35 @@ from typing import TYPE_CHECKING, Any
 from denpex.sdk.watch import Guard, Monitor, watch
 
 if TYPE_CHECKING:  # resolved lazily below, so a missing module never breaks the import
-    from denpex.sdk.checkpoint import load, save
+    from denpex.sdk.checkpoint import (
+        CheckpointCorrupt,
+        load,
+        protect_torch_checkpoints,
+        save,
+        unprotect_torch_checkpoints,
+    )
     from denpex.sdk.transport import default_emit as emit
 
-__all__ = ["Guard", "Monitor", "emit", "jax", "load", "save", "watch"]
+__all__ = [
+    "CheckpointCorrupt",
+    "Guard",
+    "Monitor",
+    "emit",
+    "jax",
+    "load",
+    "protect_torch_checkpoints",
+    "save",
+    "unprotect_torch_checkpoints",
+    "watch",
+]
 
 # public name -> (module, attribute or None for the module itself)
 _LAZY = {
     "save": ("denpex.sdk.checkpoint", "save"),
     "load": ("denpex.sdk.checkpoint", "load"),
+    "protect_torch_checkpoints": ("denpex.sdk.checkpoint", "protect_torch_checkpoints"),
+    "unprotect_torch_checkpoints": ("denpex.sdk.checkpoint", "unprotect_torch_checkpoints"),
+    "CheckpointCorrupt": ("denpex.sdk.checkpoint", "CheckpointCorrupt"),
     "emit": ("denpex.sdk.transport", "default_emit"),
     "jax": ("denpex.sdk.integrations.jax", None),
 }
