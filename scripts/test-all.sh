@@ -38,8 +38,10 @@ echo "== lint"
 "$PYTHON" -m mypy denpex _native sdk
 echo "== catalog"
 "$PYTHON" -m denpex.catalog.check
-echo "== frozen binaries (dist/: onedir, onefile, static) for the slow dist tests"
-bash dist_scripts/build_binary.sh
+if [[ "$*" != *"not slow"* ]]; then  # the slow dist tests run them; a build error shows here
+    echo "== frozen binaries (dist/: onedir, onefile, static)"
+    bash dist_scripts/build_binary.sh
+fi
 echo "== tests (compiled extensions)"
 "$PYTHON" -m pytest "$@"
 echo "== tests (pure-Python fallbacks, DENPEX_NO_EXTENSIONS=1)"
