@@ -1,0 +1,248 @@
+"""Pure rules behind the progress watchdog: the hang deadline, which rank(s) a hang names, and
+which rank straggles. No I/O, no clocks: callers pass `now` and what the heartbeats said.
+
+Never name a rank without a reason recorded in the evidence (unresponsive, behind, outside
+the collectives the others wait in, or all stalled).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, fields
+from statistics import median
+from typing import Any
+
+from denpex.core.events import Event, Evidence
+
+WAITING_PLACES = ("collective", "backward")  # where a rank waits for its peers
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Options of the progress monitor (pass them to `dx.watch(..., name=value)`)."""
+
+    hang_floor_s: float = 120.0  # never call a hang before this many seconds without a step
+    hang_ratio: float = 2.0  # ... nor before this many median step times
+    hang_startup_s: float = 600.0  # deadline while no step time is known yet (first step)
+    straggler_ratio: float = 1.10  # step time ≥ this × the group's median
+    straggler_window: int = 20  # steps each rank's median step time is taken over
+    straggler_min_s: float = 0.005  # ignore differences smaller than this (timer noise)
+    watchdog_interval_s: float = 1.0  # how often the watchdog writes and reads heartbeats
+    unresponsive_s: float = 5.0  # a rank whose watchdog is silent this long is stopped/dead
+    store_timeout_s: float = 5.0  # one Store call gives up after this long
+    metric_every_s: float = 30.0  # how often the step-time metric is emitted
+    readers: int = 3  # the lowest ranks of the group that read every heartbeat and report
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> Thresholds:
+        """Known fields from `options` (other keys belong to other parts of the SDK)."""
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if options.get(f.name) is not None:
+                kind = int if f.name in ("straggler_window", "readers") else float
+                values[f.name] = kind(options[f.name])
+        return cls(**values)
+
+    @property
+    def unresponsive_limit(self) -> float:
+        return max(self.unresponsive_s, 3 * self.watchdog_interval_s)
+
+    def deadline(self, views: Iterable[PeerView]) -> float:
+        """max(hang_ratio × the group's median step time, floor); the start-up deadline while
+        no rank has a step time yet."""
+        intervals = [v.interval_s for v in views if v.interval_s is not None and not v.closed]
+        if not intervals:
+            return max(self.hang_floor_s, self.hang_startup_s)
+        return max(self.hang_ratio * median(intervals), self.hang_floor_s)
+
+
+@dataclass(frozen=True, slots=True)
+class PeerView:
+    """One rank's last heartbeat, with the local monotonic times it last changed."""
+
+    rank: int
+    step: int
+    beat: int
+    interval_s: float | None
+    busy_s: float | None
+    where: str
+    frame: str
+    host: str
+    closed: bool
+    step_changed_at: float
+    beat_changed_at: float
+    seen: bool = True  # False: the rank never wrote a heartbeat (stopped or died early)
+
+
+@dataclass(frozen=True, slots=True)
+class Hang:
+    culprits: tuple[PeerView, ...]
+    reason: str  # unresponsive | silent | behind | outside_collective | all_stalled
+    step: int
+    stalled_s: float
+    deadline_s: float
+    reporter: int | None
+
+    @property
+    def signature(self) -> str:
+        if self.reason in ("unresponsive", "silent"):
+            return "train.hang.rank_unresponsive"
+        return "train.hang.heartbeat_stale"
+
+    def evidence(self, reporter: int, host: str, evidence_id: str) -> Evidence:
+        ranks = ",".join(str(v.rank) for v in self.culprits)
+        first = self.culprits[0]
+        why = {
+            "unresponsive": "its process stopped answering (stopped, frozen or dead)",
+            "silent": "it never wrote a heartbeat (stopped, died or never started)",
+            "behind": "it is behind the others, which wait for it",
+            "outside_collective": "it is stuck outside the collective the others wait in",
+            "all_stalled": "no rank completes a step",
+        }[self.reason]
+        noun = "rank" if len(self.culprits) == 1 else "ranks"
+        summary = (
+            f"Training hung: no step for {self.stalled_s:.0f} s after step {self.step} "
+            f"(deadline {self.deadline_s:.0f} s); {noun} {ranks}: {why}"
+        )
+        captures = {
+            "rank": ranks,
+            "step": str(self.step),
+            "seconds": f"{self.stalled_s:.1f}",
+            "deadline_seconds": f"{self.deadline_s:.1f}",
+            "reason": self.reason,
+            "hosts": ",".join(v.host for v in self.culprits),
+            "where": ";".join(f"{v.rank}:{v.where} {v.frame}".strip() for v in self.culprits),
+            "reporter_rank": str(reporter),
+        }
+        event = Event(
+            body=summary,
+            ts_ns=time.time_ns(),
+            host=first.host or host,
+            source="sdk",
+            kind="state",
+            rank=first.rank,
+            attrs={"reporter_host": host},
+        )
+        return Evidence(
+            id=evidence_id,
+            event=event,
+            signature=self.signature,
+            category="train.hang",
+            severity="error",
+            captures=captures,
+            summary=summary,
+            action="run_diagnostics",
+        )
+
+
+def hang_evidence_id(hang: Hang) -> str:
+    """Stable across reporters, so that receivers keep one copy of the same hang."""
+    return f"sdk:train.hang:{','.join(str(v.rank) for v in hang.culprits)}:{hang.step}"
+
+
+def judge_hang(
+    views: Iterable[PeerView],
+    now: float,
+    th: Thresholds,
+    reporters: Collection[int] | None = None,
+) -> Hang | None:
+    """A hang when some rank completed no step within the deadline; names the rank(s) that
+    hold the others up. The reporter is the lowest live rank among `reporters` (None: any). Ranks never heard from (`seen=False`) never trigger a hang, since
+    not every rank may run a monitor, but they are named when one happens."""
+    views = [v for v in views if not v.closed]
+    active = [v for v in views if v.seen]
+    if not active:
+        return None
+    deadline = th.deadline(active)
+    if not any(now - v.step_changed_at > deadline for v in active):
+        return None
+    # Who is stuck: every rank without a step for half the deadline (≥ one median step),
+    # since ranks that stopped together are seen a heartbeat tick apart.
+    stalled = [v for v in active if now - v.step_changed_at > deadline / 2]
+    unresponsive = [v for v in active if now - v.beat_changed_at > th.unresponsive_limit]
+    silent = [v for v in views if not v.seen]
+    top = max(v.step for v in active)
+    behind = [v for v in stalled if v.step < top]
+    outside = [v for v in stalled if v.where not in WAITING_PLACES]
+    if unresponsive:
+        culprits, reason = unresponsive, "unresponsive"
+    elif silent:
+        culprits, reason = silent, "silent"
+    elif behind:
+        culprits, reason = behind, "behind"
+    elif outside and len(outside) < len(stalled):
+        culprits, reason = outside, "outside_collective"
+    else:
+        culprits, reason = stalled, "all_stalled"
+    alive = [
+        v.rank
+        for v in active
+        if v not in unresponsive and (reporters is None or v.rank in reporters)
+    ]
+    return Hang(
+        culprits=tuple(sorted(culprits, key=lambda v: v.rank)),
+        reason=reason,
+        step=top,
+        stalled_s=max(now - v.step_changed_at for v in stalled),
+        deadline_s=deadline,
+        reporter=min(alive) if alive else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    rank: int
+    step: int
+    step_s: float
+    group_median_s: float
+
+    def evidence(self, reporter: int, host: str, views: Mapping[int, PeerView]) -> Evidence:
+        ratio = self.step_s / self.group_median_s if self.group_median_s > 0 else float("inf")
+        peer = views.get(self.rank)
+        summary = (
+            f"Rank {self.rank} is a straggler: its steps take {self.step_s * 1000:.0f} ms, "
+            f"{(ratio - 1) * 100:.0f} % above its group's median of "
+            f"{self.group_median_s * 1000:.0f} ms"
+        )
+        return Evidence(
+            id=f"sdk:train.straggler:{self.rank}:{self.step}",
+            event=Event(
+                body=summary,
+                ts_ns=time.time_ns(),
+                host=(peer.host if peer else "") or host,
+                source="sdk",
+                kind="state",
+                rank=self.rank,
+                attrs={"reporter_host": host},
+            ),
+            signature="train.straggler.step_time",
+            category="train.straggler",
+            severity="warning",
+            captures={
+                "rank": str(self.rank),
+                "step": str(self.step),
+                "seconds": f"{self.step_s:.4f}",
+                "group_median_seconds": f"{self.group_median_s:.4f}",
+                "ratio": f"{ratio:.3f}",
+                "reporter_rank": str(reporter),
+            },
+            summary=summary,
+            action="run_diagnostics",
+        )
+
+
+def find_stragglers(views: Iterable[PeerView], th: Thresholds) -> list[Straggler]:
+    """Ranks whose median step time over the window is ≥ ratio × the median of their peers'
+    (the peers, not the whole group, so that two ranks compare with each other)."""
+    timed = [v for v in views if v.busy_s is not None and not v.closed]
+    if len(timed) < 2:
+        return []
+    found = []
+    for view in timed:
+        assert view.busy_s is not None
+        peers = median(v.busy_s for v in timed if v is not view and v.busy_s is not None)
+        slow = view.busy_s >= th.straggler_ratio * peers
+        if slow and view.busy_s - peers >= th.straggler_min_s:
+            found.append(Straggler(view.rank, view.step, view.busy_s, peers))
+    return found
