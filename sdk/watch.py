@@ -46,8 +46,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "replicas": True,  # True: compare with the group's replicas; False: off; "always"
     "replica_slots": 1024,  # digests per replica gather; more tensors are hashed in buckets
     "weight_integrity": True,
-    "update_ratio_max_bytes": 1 << 30,
-    "progress": True,  # drive sdk/progress.py's ProgressMonitor (hangs, stragglers) if present  # no update/weight ratio (it needs a weights copy) above
+    "update_ratio_max_bytes": 1 << 30,  # no update/weight ratio (it needs a weights copy) above
+    "progress": True,  # drive sdk/progress.py's ProgressMonitor (hangs, stragglers)
 }
 
 
