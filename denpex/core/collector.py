@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from denpex.core.events import Event, Evidence
+from denpex.core.events import Event, Evidence, metric
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 
@@ -65,6 +65,25 @@ class Collector(ABC):
     @abstractmethod
     def collect(self, ctx: CollectContext) -> list[Observation]:
         """One poll: the events (and detector evidence, with `id=""`) seen since the last."""
+
+    def metric_event(
+        self,
+        ctx: CollectContext,
+        name: str,
+        value: float,
+        labels: dict[str, str] | None = None,
+        counter: bool = False,
+    ) -> Event:
+        """A metric of this collector (source: its name), stamped with the poll's host and time."""
+        return metric(
+            name,
+            value,
+            source=self.name,
+            counter=counter,
+            labels=labels,
+            host=ctx.host,
+            ts_ns=ctx.now_ns,
+        )
 
     def degraded(self) -> str | None:
         """Why the collector cannot currently see its source although its polls return (a

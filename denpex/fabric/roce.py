@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, metric
+from denpex.core.events import Event
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
@@ -189,7 +189,7 @@ class RoceCollector(FabricCollector):
                 self.failures[netdev] = self.failures.get(netdev, 0) + 1
                 labels = {"netdev": netdev}
                 out.append(
-                    self._metric(
+                    self.metric_event(
                         ctx, "roce_ethtool_failures_total", self.failures[netdev], labels, True
                     )
                 )
@@ -229,12 +229,14 @@ class RoceCollector(FabricCollector):
             value = parse_counter(read_text(folder / "hw_counters" / name))
             if value is None:
                 continue
-            out.append(self._metric(ctx, metric_name, value, base, True))
+            out.append(self.metric_event(ctx, metric_name, value, base, True))
             found = self.tracker.update(f"{device}/{port}/{name}", value, ctx.now_ns)
             if found.rate_per_second is not None:
                 labels = {**base, "counter": name}
                 out.append(
-                    self._metric(ctx, "roce_congestion_per_second", found.rate_per_second, labels)
+                    self.metric_event(
+                        ctx, "roce_congestion_per_second", found.rate_per_second, labels
+                    )
                 )
         return out
 
@@ -245,7 +247,7 @@ class RoceCollector(FabricCollector):
         base = {"netdev": netdev, "device": device}
         for name, (metric_name, _) in PHY.items():
             if name in stats:
-                out.append(self._metric(ctx, metric_name, stats[name], base, True))
+                out.append(self.metric_event(ctx, metric_name, stats[name], base, True))
         rates: dict[tuple[str, str], dict[str, float | None]] = {}
         for counter, value in sorted(pause_counters(stats).items(), key=str):
             labels = {**base, "direction": counter.direction, "priority": counter.priority}
@@ -253,24 +255,24 @@ class RoceCollector(FabricCollector):
             found = self.tracker.update(key, value, ctx.now_ns)
             per_poll = rates.setdefault((counter.direction, counter.priority), {})
             if counter.kind == "pause":
-                out.append(self._metric(ctx, "roce_pause_frames_total", value, labels, True))
+                out.append(self.metric_event(ctx, "roce_pause_frames_total", value, labels, True))
                 per_poll["frames"] = found.rate_per_second
                 if found.rate_per_second is not None:
                     out.append(
-                        self._metric(
+                        self.metric_event(
                             ctx, "roce_pause_frames_per_second", found.rate_per_second, labels
                         )
                     )
             else:  # mlx5 counts pause duration in microseconds
                 out.append(
-                    self._metric(
+                    self.metric_event(
                         ctx, "roce_pause_duration_seconds_total", value / 1e6, labels, True
                     )
                 )
                 ratio = None if found.rate_per_second is None else found.rate_per_second / 1e6
                 per_poll["ratio"] = ratio
                 if ratio is not None:
-                    out.append(self._metric(ctx, "roce_pause_duration_ratio", ratio, labels))
+                    out.append(self.metric_event(ctx, "roce_pause_duration_ratio", ratio, labels))
         for (direction, priority), seen in sorted(rates.items()):
             out += self._storm(ctx, netdev, device, direction, priority, seen, stats)
         out += self._storm_prevention(ctx, netdev, device, stats)
@@ -383,21 +385,3 @@ class RoceCollector(FabricCollector):
                 captures=captures,
             )
         ]
-
-    def _metric(
-        self,
-        ctx: CollectContext,
-        name: str,
-        value: float,
-        labels: dict[str, str],
-        counter: bool = False,
-    ) -> Event:
-        return metric(
-            name,
-            value,
-            source="roce",
-            counter=counter,
-            labels=labels,
-            host=ctx.host,
-            ts_ns=ctx.now_ns,
-        )

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, Evidence, metric
+from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.nccl_topo import MAX_XML_BYTES, Topology, TopologyError, parse_topology
@@ -121,18 +121,18 @@ class NcclTopoCollector(FabricCollector):
         for path in self._files():
             topology = self._load(path)
             labels = {"file": path}
-            out.append(self._metric(ctx, "nccl_topo_valid", int(topology is not None), labels))
+            out.append(self.metric_event(ctx, "nccl_topo_valid", int(topology is not None), labels))
             if topology is None:
                 continue
-            out.append(self._metric(ctx, "nccl_topo_gpus", len(topology.gpus), labels))
-            out.append(self._metric(ctx, "nccl_topo_nics", len(topology.nets), labels))
-            out.append(self._metric(ctx, "nccl_topo_nvlinks", topology.nvlink_count(), labels))
+            out.append(self.metric_event(ctx, "nccl_topo_gpus", len(topology.gpus), labels))
+            out.append(self.metric_event(ctx, "nccl_topo_nics", len(topology.nets), labels))
+            out.append(self.metric_event(ctx, "nccl_topo_nvlinks", topology.nvlink_count(), labels))
             if golden is None:
                 continue
             differences = compare_topologies(
                 golden, topology, allow_subset=bool(self.options.get("allow_gpu_subset", True))
             )
-            out.append(self._metric(ctx, "nccl_topo_differences", len(differences), labels))
+            out.append(self.metric_event(ctx, "nccl_topo_differences", len(differences), labels))
             for difference in differences:
                 key = (path, difference.kind, difference.device)
                 found[key] = self._evidence(ctx, path, difference)
@@ -140,13 +140,6 @@ class NcclTopoCollector(FabricCollector):
         out += [e for key, e in found.items() if key not in self._reported]
         self._reported = set(found)
         return out
-
-    def _metric(
-        self, ctx: CollectContext, name: str, value: float, labels: dict[str, str]
-    ) -> Event:
-        return metric(
-            name, value, source="nccl_topo", labels=labels, host=ctx.host, ts_ns=ctx.now_ns
-        )
 
     def _evidence(self, ctx: CollectContext, path: str, difference: Difference) -> Evidence:
         detectors = self.options.get("detectors") or {}

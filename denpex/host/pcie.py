@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, metric
+from denpex.core.events import Event
 from denpex.core.roots import Roots, read_text
 from denpex.host.base import HostCollector
 from denpex.host.procfs import parse_int_fields
@@ -140,7 +140,7 @@ class PcieCollector(HostCollector):
             for error, count in counts.items():
                 if error == total_name or count:  # per-error series only once they happen
                     out.append(
-                        self._metric(
+                        self.metric_event(
                             ctx,
                             "pcie_aer_errors_total",
                             count,
@@ -161,13 +161,13 @@ class PcieCollector(HostCollector):
             ("pcie_link_max_speed_transfers_per_second", link.max_speed),
         ):
             if value is not None:
-                out.append(self._metric(ctx, name, value * 1e9, base))
+                out.append(self.metric_event(ctx, name, value * 1e9, base))
         for name, lanes in (
             ("pcie_link_width_lanes", link.width),
             ("pcie_link_max_width_lanes", link.max_width),
         ):
             if lanes is not None:
-                out.append(self._metric(ctx, name, lanes, base))
+                out.append(self.metric_event(ctx, name, lanes, base))
         checks = [("width", link.width_degraded(), f"x{link.width} of x{link.max_width}")]
         if self.options.get("warn_speed_degraded", False):
             checks.append(
@@ -181,24 +181,6 @@ class PcieCollector(HostCollector):
                 self._degraded.add(key)
                 out.append(self._link_evidence(ctx, device, kind, what, detail, link))
         return out
-
-    def _metric(
-        self,
-        ctx: CollectContext,
-        name: str,
-        value: float,
-        labels: dict[str, str],
-        counter: bool = False,
-    ) -> Event:
-        return metric(
-            name,
-            value,
-            source="pcie",
-            counter=counter,
-            labels=labels,
-            host=ctx.host,
-            ts_ns=ctx.now_ns,
-        )
 
     def _aer_evidence(
         self,
