@@ -20,15 +20,22 @@ import time
 import urllib.request
 
 TARGETS = {"cpu_pct_of_one_core": 1.0, "rss_mb": 60.0, "rss_growth_mb": 2.0}
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BUSY_JOB = "import time\nwhile True:\n    sum(range(20000)); time.sleep(0.001)\n"
 
 
 def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as handle:
-        text = handle.read()
-    fields = text[text.rfind(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    """CPU time of every thread of `pid`, from the scheduler's nanosecond accounting
+    (/proc/<pid>/task/*/schedstat): utime/stime tick sampling misattributes the short,
+    timer-aligned wake-ups an idle daemon is made of on these VMs. The agent's threads are
+    long-lived, so none exits between two readings."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
 
 
 def rss_mb(pid: int) -> float:

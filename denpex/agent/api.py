@@ -64,7 +64,10 @@ class AgentApi:
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.5}, daemon=True
+            # the interval only bounds how long shutdown() waits: requests wake it at once
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 2.0},
+            daemon=True,
         )
         self._thread.start()
 

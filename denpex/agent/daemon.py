@@ -26,6 +26,7 @@ from denpex.core.events import Event, Evidence, metric
 
 FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
 JOBS_REFRESH_S = 2.0  # how often descendants of registered processes are looked up
+JOBS_IDLE_S = 10.0  # the same check while no job is registered (a registration refreshes now)
 
 
 class Agent:
@@ -122,7 +123,9 @@ class Agent:
         return scheduler.refresh(timeout_s) if scheduler is not None else []
 
     def _maintain_jobs(self) -> None:
-        while not self._stopping.wait(JOBS_REFRESH_S):
+        while not self._stopping.is_set():
+            self.jobs.changed.wait(JOBS_REFRESH_S if self.jobs.snapshot() else JOBS_IDLE_S)
+            self.jobs.changed.clear()
             self.jobs.expire()
             self.jobs.refresh()
 
@@ -194,6 +197,7 @@ class Agent:
 
     def stop(self) -> None:
         self._stopping.set()
+        self.jobs.changed.set()
         if self.scheduler is not None:
             self.scheduler.stop()
         for state in self.states:

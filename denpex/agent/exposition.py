@@ -73,6 +73,7 @@ class AgentView:
         failures = _counter("collector_failures", "Polls that raised an error")
         overruns = _counter("collector_overruns", "Polls that took longer than the budget")
         events = _counter("collector_events", "Events and evidence produced")
+        cpu = _counter("collector_cpu_seconds", "CPU time this agent spent in the polls")
         for state in states:
             labels = {"collector": state.name}
             up.add_sample(up.name, labels, 1)
@@ -84,9 +85,10 @@ class AgentView:
             failures.add_sample(failures.name + "_total", labels, state.failures_total)
             overruns.add_sample(overruns.name + "_total", labels, state.overruns_total)
             events.add_sample(events.name + "_total", labels, state.events_total)
+            cpu.add_sample(cpu.name + "_total", labels, state.cpu_seconds_total)
         for name in sorted(self.unavailable()):
             up.add_sample(up.name, {"collector": name}, 0)
-        yield from (up, stuck, degraded, duration, success, polls, failures, overruns, events)
+        yield from (up, stuck, degraded, duration, success, polls, failures, overruns, events, cpu)
 
         evidence = _counter("evidence", "Evidence found, by failure category and severity")
         for (category, severity), count in sorted(self.pipeline.stats.evidence_by_category.items()):

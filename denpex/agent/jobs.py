@@ -54,6 +54,7 @@ class JobTable:
         # OOM victim) is still attributed; refreshed by `refresh()`, pruned with the job
         self._descendants: dict[int, int] = {}
         self._identities: dict[int, tuple[float, Registration | None]] = {}
+        self.changed = threading.Event()  # set by register(): look for descendants now
 
     def register(self, registration: Registration) -> Registration:
         """Record a job process. When the caller gave no cgroup, the process's own is used,
@@ -71,6 +72,7 @@ class JobTable:
                 )
         with self._lock:
             self._entries[registration.pid] = _Entry(registration, time.time_ns())
+        self.changed.set()
         return registration
 
     def unregister(self, pid: int) -> bool:

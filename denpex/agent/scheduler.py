@@ -33,6 +33,7 @@ class CollectorState:
     overruns_total: int = 0
     events_total: int = 0
     last_duration_s: float = 0.0
+    cpu_seconds_total: float = 0.0  # CPU the polls cost this agent (thread time)
     last_success: bool = True
     last_error: str = ""
     running_since: float | None = None  # monotonic start of the poll in flight
@@ -54,7 +55,7 @@ class Scheduler:
         context: ContextFactory,
         sink: ResultSink,
         *,
-        watchdog_interval_s: float = 0.25,
+        watchdog_interval_s: float = 1.0,
     ) -> None:
         self.states = states
         self.context = context
@@ -66,6 +67,7 @@ class Scheduler:
 
     def start(self) -> None:
         for state in self.states:
+            state.collector.set_waker(state.wake.set)
             thread = threading.Thread(
                 target=self._worker, args=(state,), name=f"collector-{state.name}", daemon=True
             )
@@ -114,6 +116,7 @@ class Scheduler:
     def poll_once(self, state: CollectorState) -> list[Observation]:
         """One poll of one collector, with its bookkeeping; never raises."""
         started = time.monotonic()
+        cpu_started = time.thread_time()
         with self._lock:
             state.running_since = started
         try:
@@ -123,8 +126,10 @@ class Scheduler:
             found = []
             error = f"{type(exc).__name__}: {exc}"
         duration = time.monotonic() - started
+        cpu = time.thread_time() - cpu_started
         recovered = False
         with self._lock:
+            state.cpu_seconds_total += cpu
             state.running_since = None
             state.polls_total += 1
             state.last_duration_s = duration

@@ -125,12 +125,21 @@ def handle(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    stop = threading.Event()
-    reload_requested = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
-    while not stop.wait(0.5):
+    stop, reload_requested, woken = threading.Event(), threading.Event(), threading.Event()
+
+    def on_signal(flag: threading.Event):
+        def handler(*_: object) -> None:
+            flag.set()
+            woken.set()
+
+        return handler
+
+    signal.signal(signal.SIGTERM, on_signal(stop))
+    signal.signal(signal.SIGINT, on_signal(stop))
+    signal.signal(signal.SIGHUP, on_signal(reload_requested))
+    while not stop.is_set():
+        woken.wait()  # no timeout: an idle agent does not wake to find nothing to do
+        woken.clear()
         if reload_requested.is_set():
             reload_requested.clear()
             try:

@@ -8,9 +8,12 @@ empty result, an unavailable source says why in `available()`.
 
 from __future__ import annotations
 
+import os
+import select
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -23,6 +26,7 @@ from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 
 STABILITIES = ("stable", "experimental")
+DRAIN_WAIT_S = 5.0  # an FdWatch waits this long for a read before it polls the fd again
 
 Observation = Event | Evidence
 
@@ -55,6 +59,8 @@ class Collector(ABC):
 
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         self.roots = roots
+        self._wake: Callable[[], None] | None = None
+        self._fd_watch: FdWatch | None = None
         defaults = settings(self.settings_file, self.name) if self.settings_file else {}
         self.options: dict[str, Any] = {**defaults, **(options or {})}
 
@@ -85,14 +91,82 @@ class Collector(ABC):
             ts_ns=ctx.now_ns,
         )
 
+    def set_waker(self, wake: Callable[[], None]) -> None:
+        """The scheduler's way to be asked for a poll now, not at the next interval."""
+        self._wake = wake
+
+    def wake_when_readable(self, fd: int) -> None:
+        """Ask for a poll whenever `fd` has data: an event source (the kernel log, a pipe)
+        is then read within milliseconds while the agent sleeps between events, instead of
+        waking several times a second to find nothing. Call `drained()` after reading."""
+        if self._fd_watch is not None:
+            self._fd_watch.stop()
+        self._fd_watch = None
+        if self._wake is not None:
+            self._fd_watch = FdWatch(fd, self._wake, name=f"{self.name}-fd")
+
+    def drained(self) -> None:
+        if self._fd_watch is not None:
+            self._fd_watch.drained.set()
+
+    def stop_watching(self) -> None:
+        if self._fd_watch is not None:
+            self._fd_watch.stop()
+            self._fd_watch = None
+
     def degraded(self) -> str | None:
         """Why the collector cannot currently see its source although its polls return (a
         library call stuck past its deadline); None when it sees. `/healthz` turns unhealthy
         while this says something: an exporter must not stay green while blind."""
         return None
 
-    def close(self) -> None:  # noqa: B027 - most collectors hold nothing to release
+    def close(self) -> None:
         """Release files, subprocesses or kernel objects; the collector is not polled again."""
+        self.stop_watching()
+
+
+class FdWatch:
+    """A thread blocked in poll(2) on one descriptor that calls `wake` when it is readable,
+    then waits until the collector has read (`drained`) so unread data never spins it.
+    POLLERR counts as readable (the kernel log reports overwritten records that way); the
+    thread ends when the descriptor is closed or hung up, or on `stop()`."""
+
+    def __init__(self, fd: int, wake: Callable[[], None], *, name: str) -> None:
+        self.fd = fd
+        self.wake = wake
+        self.drained = threading.Event()
+        self._stop_read, self._stop_write = os.pipe()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN | select.POLLPRI)
+        poller.register(self._stop_read, select.POLLIN)
+        try:
+            while True:
+                ready = dict(poller.poll())
+                if self._stop_read in ready or ready.get(self.fd, 0) & select.POLLNVAL:
+                    return
+                self.drained.clear()
+                self.wake()
+                if ready.get(self.fd, 0) & select.POLLHUP:
+                    return  # the writer is gone: one last poll reads what it left
+                self.drained.wait(DRAIN_WAIT_S)
+        except OSError:
+            return
+        finally:
+            os.close(self._stop_read)
+
+    def stop(self) -> None:
+        if self._stop_write < 0:
+            return
+        try:
+            os.write(self._stop_write, b"x")
+        except OSError:
+            pass
+        os.close(self._stop_write)
+        self._stop_write = -1
 
 
 def detector_evidence(

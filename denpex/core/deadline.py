@@ -35,8 +35,7 @@ class BoundedCaller:
         self._busy_since: float | None = None
         self._stuck_call = ""
         self._lock = threading.Lock()
-        self._worker = threading.Thread(target=self._serve, name=f"bounded-{name}", daemon=True)
-        self._worker.start()
+        self._worker: threading.Thread | None = None  # started by the first call
 
     def hung_for(self) -> float:
         with self._lock:
@@ -55,6 +54,12 @@ class BoundedCaller:
             raise DeadlineExceeded(
                 f"{self.name}: {self._stuck_call} has not returned for {stuck:.0f} s"
             )
+        with self._lock:
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._serve, name=f"bounded-{self.name}", daemon=True
+                )
+                self._worker.start()
         reply: queue.SimpleQueue = queue.SimpleQueue()
         label = getattr(fn, "__name__", repr(fn))
         self._jobs.put((lambda: fn(*args), reply))

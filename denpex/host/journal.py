@@ -139,7 +139,7 @@ def _nonblocking(fd: int) -> None:
 class JournalCollector(HostCollector):
     name = "journal"
     stability = "experimental"
-    default_interval_s = 0.5
+    default_interval_s = 5.0  # a safety net: journalctl's output wakes a poll at once
     default_budget_s = 0.5
     metrics_help: ClassVar[Mapping[str, str]] = {
         "journal_entries_total": "Journal entries read from journalctl.",
@@ -252,6 +252,7 @@ class JournalCollector(HostCollector):
         assert self.proc.stdout is not None and self.proc.stderr is not None
         _nonblocking(self.proc.stdout.fileno())
         _nonblocking(self.proc.stderr.fileno())
+        self.wake_when_readable(self.proc.stdout.fileno())
         self.truncated_before += self.ring.truncated_bytes
         self.ring, self.backlog, self.stderr_tail = self._new_ring(), [], b""
         return True
@@ -281,6 +282,7 @@ class JournalCollector(HostCollector):
         return b"".join(chunks), False
 
     def _stop(self) -> int | None:
+        self.stop_watching()
         """Terminate journalctl and reap it; its exit status."""
         proc, self.proc = self.proc, None
         if proc is None:
@@ -324,7 +326,6 @@ class JournalCollector(HostCollector):
                 continue
             event = entry_event(entry, ctx.host)
             event.ts_ns = event.ts_ns or ctx.now_ns
-            self._attribute(event, ctx)
             out.append(event)
             self.entries_total += 1
         self._save_cursor()
@@ -340,6 +341,10 @@ class JournalCollector(HostCollector):
             out.append(
                 metric(name, value, source="journal", counter=True, host=ctx.host, ts_ns=ctx.now_ns)
             )
+        if self.backlog and self._wake is not None:
+            self._wake()  # more than one poll's worth: the next poll comes now
+        else:
+            self.drained()
         return out
 
     def _exited(self, ctx: CollectContext) -> Event:
@@ -358,12 +363,6 @@ class JournalCollector(HostCollector):
             kind="state",
             attrs={"exit_status": status if status is not None else -1, "restarts": self.exits},
         )
-
-    def _attribute(self, event: Event, ctx: CollectContext) -> None:
-        for job in ctx.jobs:
-            if event.pid is not None and job.pid == event.pid:
-                event.job, event.rank, event.tenant = job.job, job.rank, job.tenant
-                return
 
     def close(self) -> None:
         self._stop()

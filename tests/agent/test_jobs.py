@@ -84,6 +84,10 @@ def test_unregistered_processes_are_attributed_by_their_own_slurm_marks():
     env = {**os.environ, "SLURM_JOB_ID": "4711", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5"}
     env.pop("RANK", None)
     proc = subprocess.Popen(["sleep", "30"], env=env)
+    deadline = time.monotonic() + 5
+    while not Roots().proc(proc.pid, "cmdline").read_bytes().startswith(b"sleep"):
+        assert time.monotonic() < deadline  # until exec: the environment is the parent's
+        time.sleep(0.01)
     try:
         table = JobTable(Roots())
         found = table.lookup(proc.pid)
