@@ -5,11 +5,11 @@ Pure parsers plus bounded reads through Roots; never writes anything.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from denpex.core.roots import Roots, read_text
+from denpex.host import procfs
 
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 COLLECTIVE_LIBRARIES = ("libnccl.so", "libcuda.so")
@@ -39,23 +39,10 @@ def parent_of(stat_text: str) -> int | None:
 
 def descendants(roots: Roots, pids: Iterable[int]) -> dict[int, int]:
     """Every live process under the given pids: {pid: the registered ancestor}."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = [int(e) for e in os.listdir(roots.proc()) if e.isdigit()]
-    except OSError:
-        return {}
-    for pid in entries:
-        ppid = parent_of(read_text(roots.proc(pid, "stat")) or "")
-        if ppid is not None:
-            children.setdefault(ppid, []).append(pid)
     found: dict[int, int] = {}
     for root in pids:
-        stack = [root] if roots.proc(root).exists() else []
-        while stack:
-            pid = stack.pop()
-            if pid not in found:
-                found[pid] = root
-                stack.extend(children.get(pid, ()))
+        for pid in procfs.descendants(roots, root):
+            found.setdefault(pid, root)
     return found
 
 
