@@ -7,6 +7,7 @@ snapshots: a slow client never holds a lock a collector needs.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import socket
 import threading
@@ -64,15 +65,22 @@ class AgentApi:
 
     def start(self) -> None:
         self._thread = threading.Thread(
-            # the interval only bounds how long shutdown() waits: requests wake it at once
+            # requests wake the loop at once; the interval only paces its shutdown check,
+            # which stop() hurries along with a connection of its own
             target=self.server.serve_forever,
-            kwargs={"poll_interval": 2.0},
+            kwargs={"poll_interval": 30.0},
             daemon=True,
         )
         self._thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        stopping = threading.Thread(target=self.server.shutdown, daemon=True)
+        stopping.start()
+        with contextlib.suppress(OSError):  # wakes the select() the loop sleeps in
+            host, port = self.server.server_address[:2]
+            host = host.decode() if isinstance(host, bytes | bytearray) else str(host)
+            socket.create_connection((host, port), timeout=1).close()
+        stopping.join(5)
         self.server.server_close()
 
     # -- routes -------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from denpex.core.collector import CollectContext, Collector, Observation
 from denpex.core.events import Event, Evidence, metric
 
 FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
-JOBS_REFRESH_S = 2.0  # how often descendants of registered processes are looked up
+JOBS_REFRESH_S = 5.0  # how often descendants of registered processes are looked up
 JOBS_IDLE_S = 10.0  # the same check while no job is registered (a registration refreshes now)
 
 

@@ -54,14 +54,12 @@ class Scheduler:
         states: list[CollectorState],
         context: ContextFactory,
         sink: ResultSink,
-        *,
-        watchdog_interval_s: float = 1.0,
     ) -> None:
         self.states = states
         self.context = context
         self.sink = sink
-        self.watchdog_interval_s = watchdog_interval_s
         self._stop = threading.Event()
+        self._poll_started = threading.Event()  # wakes the watchdog: a new budget runs
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
@@ -80,6 +78,7 @@ class Scheduler:
     def stop(self, timeout_s: float = 5.0) -> list[str]:
         """Stop polling; returns the collectors whose poll did not end within the timeout."""
         self._stop.set()
+        self._poll_started.set()
         for state in self.states:
             state.wake.set()
         deadline = time.monotonic() + timeout_s
@@ -119,6 +118,7 @@ class Scheduler:
         cpu_started = time.thread_time()
         with self._lock:
             state.running_since = started
+        self._poll_started.set()
         try:
             found = state.collector.collect(self.context())
             error = ""
@@ -172,15 +172,26 @@ class Scheduler:
                 next_due = time.monotonic()
 
     def _watchdog(self) -> None:
-        while not self._stop.wait(self.watchdog_interval_s):
+        """Sleeps until the earliest budget of a poll in flight runs out (or a poll starts);
+        with nothing running it does not wake at all."""
+        while not self._stop.is_set():
             now = time.monotonic()
             newly_stuck = []
+            deadlines = []
             with self._lock:
                 for state in self.states:
                     started = state.running_since
-                    if started is not None and not state.stuck and now - started > state.budget_s:
+                    if started is None or state.stuck:
+                        continue
+                    if now - started > state.budget_s:
                         state.stuck = True
                         newly_stuck.append(state)
+                    else:
+                        deadlines.append(started + state.budget_s)
+                self._poll_started.clear()
+            timeout = max(0.0, min(deadlines) - now) + 0.01 if deadlines else None
+            if not newly_stuck:
+                self._poll_started.wait(timeout)
             for state in newly_stuck:
                 message = (
                     f"collector {state.name} is stuck: its poll has run longer than its "
