@@ -71,6 +71,7 @@ _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     ),
     "ring_buffer__poll": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
     "ring_buffer__free": (None, [ctypes.c_void_p]),
+    "ring_buffer__epoll_fd": (ctypes.c_int, [ctypes.c_void_p]),
 }
 
 _lib: ctypes.CDLL | None = None
@@ -178,6 +179,10 @@ class RingBuffer:
         if n < 0 and -n != errno.EINTR:
             raise _fail("ring_buffer__poll", "ring buffer", n)
         return max(n, 0)
+
+    def epoll_fd(self) -> int:
+        """A descriptor that turns readable when records are waiting (for poll(2))."""
+        return int(self._lib.ring_buffer__epoll_fd(self._rb))
 
     def free(self) -> None:
         if self._rb:
