@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import sys
-import threading
 
 from denpex.cli.main import UsageError
 
@@ -125,23 +126,28 @@ def handle(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    stop, reload_requested, woken = threading.Event(), threading.Event(), threading.Event()
+    # handlers only set flags (taking a lock in a handler can deadlock the thread it
+    # interrupted); the C-level handler writes to the wake-up pipe the main thread sleeps on
+    flags = {"stop": False, "reload": False}
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
 
-    def on_signal(flag: threading.Event):
+    def on_signal(flag: str):
         def handler(*_: object) -> None:
-            flag.set()
-            woken.set()
+            flags[flag] = True
+            with contextlib.suppress(OSError):  # one more turn of the loop, after the flag
+                os.write(wake_write, b"!")
 
         return handler
 
-    signal.signal(signal.SIGTERM, on_signal(stop))
-    signal.signal(signal.SIGINT, on_signal(stop))
-    signal.signal(signal.SIGHUP, on_signal(reload_requested))
-    while not stop.is_set():
-        woken.wait()  # no timeout: an idle agent does not wake to find nothing to do
-        woken.clear()
-        if reload_requested.is_set():
-            reload_requested.clear()
+    signal.signal(signal.SIGTERM, on_signal("stop"))
+    signal.signal(signal.SIGINT, on_signal("stop"))
+    signal.signal(signal.SIGHUP, on_signal("reload"))
+    while not flags["stop"]:
+        os.read(wake_read, 512)  # no timeout: an idle agent does not wake to find nothing
+        if flags["reload"]:
+            flags["reload"] = False
             try:
                 agent.reload(load(args))
                 print("denpex agent: configuration reloaded", file=sys.stderr, flush=True)
