@@ -42,10 +42,3 @@ COLLECTORS: tuple[type[Collector], ...] = (
     NcclTopoCollector,
     GpuDirectCollector,
 )
-
-
-def collector_class(name: str) -> type[Collector]:
-    for cls in COLLECTORS:
-        if cls.name == name:
-            return cls
-    raise KeyError(name)

@@ -108,10 +108,6 @@ class Scheduler:
             time.sleep(0.01)
         return late
 
-    def healthy(self) -> bool:
-        with self._lock:
-            return not any(s.stuck for s in self.states)
-
     def poll_once(self, state: CollectorState) -> list[Observation]:
         """One poll of one collector, with its bookkeeping; never raises."""
         started = time.monotonic()
