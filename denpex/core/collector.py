@@ -91,6 +91,38 @@ class Collector(ABC):
             ts_ns=ctx.now_ns,
         )
 
+    def finding(
+        self,
+        ctx: CollectContext,
+        *,
+        signature: str,
+        category: str,
+        severity: str,
+        summary: str,
+        action: str = "none",
+        attrs: dict[str, Any] | None = None,
+        captures: dict[str, str] | None = None,
+        source: str | None = None,
+    ) -> Evidence:
+        """Detector evidence of this poll: a state event (body = summary) with its evidence."""
+        event = Event(
+            body=summary,
+            ts_ns=ctx.now_ns,
+            host=ctx.host,
+            source=source or self.name,
+            kind="state",
+            attrs=attrs or {},
+        )
+        return detector_evidence(
+            event,
+            signature=signature,
+            category=category,
+            severity=severity,
+            summary=summary,
+            action=action,
+            captures=captures,
+        )
+
     def set_waker(self, wake: Callable[[], None]) -> None:
         """The scheduler's way to be asked for a poll now, not at the next interval."""
         self._wake = wake

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from itertools import combinations
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, Evidence, metric
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
@@ -165,16 +165,10 @@ class GpuDirectCollector(FabricCollector):
     def _evidence(
         self, ctx: CollectContext, what: str, device: str, summary: str, captures: dict[str, str]
     ) -> Evidence:
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
+        return self.finding(
+            ctx,
             source="pcie",
-            kind="state",
             attrs={"device": device, "check": what},
-        )
-        return detector_evidence(
-            event,
             signature=f"{CATEGORY}.{what}",
             category=CATEGORY,
             severity=str(self.options.get(f"{what}_severity", "warning")),

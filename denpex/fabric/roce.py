@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
@@ -293,18 +292,11 @@ class RoceCollector(FabricCollector):
             f"PFC storm on {netdev} ({device}): the NIC's pause storm prevention fired "
             f"{found.increase} time(s) (it kept sending pause frames past the stall watermark)"
         )
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="roce",
-            kind="state",
-            attrs={"netdev": netdev, "device": device},
-        )
         captures = {"netdev": netdev, "device": device, "storm_error_events": str(found.increase)}
         return [
-            detector_evidence(
-                event,
+            self.finding(
+                ctx,
+                attrs={"netdev": netdev, "device": device},
                 signature="net.link_down.pfc_storm_prevention",
                 category="net.link_down",
                 severity="error",
@@ -351,19 +343,6 @@ class RoceCollector(FabricCollector):
             f"PFC storm on {netdev} ({device}) priority {priority}: {who}, "
             f"{', '.join(s for s in shown if s)} for {streak} consecutive polls"
         )
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="roce",
-            kind="state",
-            attrs={
-                "netdev": netdev,
-                "device": device,
-                "priority": priority,
-                "direction": direction,
-            },
-        )
         captures = {
             "netdev": netdev,
             "device": device,
@@ -375,8 +354,14 @@ class RoceCollector(FabricCollector):
             "storm_error_events": str(stats.get("tx_pause_storm_error_events", "")),
         }
         return [
-            detector_evidence(
-                event,
+            self.finding(
+                ctx,
+                attrs={
+                    "netdev": netdev,
+                    "device": device,
+                    "priority": priority,
+                    "direction": direction,
+                },
                 signature="net.link_down.pfc_storm",
                 category="net.link_down",
                 severity="error",

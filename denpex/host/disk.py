@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.host.base import HostCollector
@@ -152,17 +152,10 @@ class DiskCollector(HostCollector):
             f"{name} is {1 - usage.avail_ratio:.0%} full: {usage.avail_bytes} of "
             f"{usage.size_bytes} bytes and {usage.inodes_free} of {usage.inodes} inodes free"
         )
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="disk",
-            kind="state",
-            attrs={"path": name},
-        )
         out.append(
-            detector_evidence(
-                event,
+            self.finding(
+                ctx,
+                attrs={"path": name},
                 signature=f"host.{category.split('.', 1)[1]}.low_free_space",
                 category=category,
                 severity=severity,

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event
+from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots, read_text
 from denpex.host.base import HostCollector
 from denpex.host.procfs import parse_int_fields
@@ -197,16 +196,9 @@ class PcieCollector(HostCollector):
             f"PCIe device {device} ({kind or 'other'}) reported {new} new {aer_kind} AER "
             f"error(s)" + (f": {named}" if named else "")
         )
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="pcie",
-            kind="state",
+        return self.finding(
+            ctx,
             attrs={"device": device, "aer_kind": aer_kind},
-        )
-        return detector_evidence(
-            event,
             signature=f"host.pcie_error.aer_{aer_kind}",
             category="host.pcie_error",
             severity=severity,
@@ -219,16 +211,9 @@ class PcieCollector(HostCollector):
         self, ctx: CollectContext, device: str, kind: str, what: str, detail: str, link: Link
     ) -> Observation:
         summary = f"PCIe link of {kind} {device} runs degraded {what}: {detail}"
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="pcie",
-            kind="state",
+        return self.finding(
+            ctx,
             attrs={"device": device},
-        )
-        return detector_evidence(
-            event,
             signature=f"host.pcie_error.link_{what}_degraded",
             category="host.pcie_error",
             severity="warning",
