@@ -144,9 +144,9 @@ class Guard:
         if scan == "auto":
             on_gpu = any(p.is_cuda for _, p in named_params)
             scan = self.options["nan_scan"] = "always" if on_gpu else "sampled"
-        self.recorder = ForwardRecorder(model) if scan != "off" else None
-        if self.recorder is not None:
-            self.recorder.armed = scan == "always" or 1 % every == 0
+        self.recorder = None
+        if scan != "off":
+            self.recorder = ForwardRecorder(model, armed=scan == "always" or 1 % every == 0)
         self.spikes = LossSpikeDetector(
             self.options["spike_window"],
             self.options["spike_min_history"],

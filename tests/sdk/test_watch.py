@@ -101,6 +101,24 @@ def test_a_nan_between_samples_on_cpu_is_reported_without_guessing_the_module():
     assert "module" not in nan.captures
 
 
+def test_cpu_defaults_hook_modules_only_for_the_forward_of_a_sampled_step():
+    # a module with any forward hook leaves PyTorch's fast call path: between samples the
+    # model must carry none of ours
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hooked_at = []
+    model.register_forward_pre_hook(
+        lambda module, args: hooked_at.append(len(model.middle[0]._forward_hooks))
+    )
+    guard = dx.watch(model, optimizer, every=5, emit=lambda item: None, progress=False)
+    train(guard, model, optimizer, 12)
+    assert hooked_at == [0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0]  # forwards of steps 5 and 10
+    guard.close()
+    assert not any(module._forward_hooks for module in model.modules())
+    assert len(model._forward_pre_hooks) == 1  # the caller's own hook is left alone
+
+
 def test_loss_spike_and_loss_scale_collapse():
     torch.manual_seed(0)
     model = Net()
