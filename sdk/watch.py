@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, Protocol
 
 from denpex.core.events import Event, Evidence, metric
@@ -27,6 +28,7 @@ from denpex.sdk.health import (
     nonfinite_activation,
     nonfinite_loss,
 )
+from denpex.sdk.progress_rules import Thresholds
 from denpex.sdk.transport import default_emit as transport_emit
 
 Emit = Callable[[Any], None]
@@ -53,6 +55,13 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
+NAN_SCAN_MODES = ("auto", "always", "sampled", "off")
+# what the progress monitor reads from the same options: its thresholds, and where to beat
+KNOWN_OPTIONS = (
+    set(DEFAULT_OPTIONS) | {f.name for f in fields(Thresholds)} | {"store", "heartbeat_prefix"}
+)
+
+
 class Monitor(Protocol):
     """A per-step observer the Guard drives (sdk/progress.py's ProgressMonitor follows it)."""
 
@@ -75,7 +84,13 @@ def _identity(rank: int | None, group: Any) -> tuple[int, int, bool]:
 
 
 class Guard:
-    """Everything `watch()` attached to one model; call `step()` once per training step."""
+    """Everything `watch()` attached to one model; call `step()` once per training step.
+
+    `every`: steps between health samples; `checksum_every` (default `every`): between
+    parameter checksums and replica comparisons; `canary_batch`, `canary_every` (default
+    4 × `every`): the canary micro-batch; `group`: the process group of the replicas of this
+    rank's data (the DP group; default WORLD when distributed); `emit`: where evidence goes
+    (default the transport to the local denpex); other keywords override DEFAULT_OPTIONS."""
 
     def __init__(
         self,
@@ -93,6 +108,16 @@ class Guard:
     ) -> None:
         if every < 1:
             raise ValueError(f"watch(every={every}): the sampling interval must be >= 1 step")
+        unknown = sorted(set(options) - KNOWN_OPTIONS)
+        if unknown:
+            raise TypeError(
+                f"watch() got unknown option(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(KNOWN_OPTIONS))}"
+            )
+        if options.get("nan_scan", "auto") not in NAN_SCAN_MODES:
+            raise ValueError(
+                f"watch(nan_scan={options['nan_scan']!r}): one of {', '.join(NAN_SCAN_MODES)}"
+            )
         self.model, self.optimizer = model, optimizer
         self.every = every
         self.checksum_every = checksum_every or every
@@ -447,30 +472,8 @@ class Guard:
         return monitor
 
 
-def watch(
-    model: Any,
-    optimizer: Any = None,
-    *,
-    every: int = 50,
-    checksum_every: int | None = None,
-    canary_batch: Any = None,
-    canary_every: int | None = None,
-    group: Any = None,
-    rank: int | None = None,
-    emit: Emit | None = None,
-    **options: Any,
-) -> Guard:
-    """Attach denpex to a model (and its optimizer); see Guard. `group` is the process group
-    of the replicas of this rank's data (the DP group; default WORLD when distributed)."""
-    return Guard(
-        model,
-        optimizer,
-        every=every,
-        checksum_every=checksum_every,
-        canary_batch=canary_batch,
-        canary_every=canary_every,
-        group=group,
-        rank=rank,
-        emit=emit,
-        **options,
-    )
+def watch(model: Any, optimizer: Any = None, **options: Any) -> Guard:
+    """Attach denpex to a model (and its optimizer) and return its Guard; the options are
+    Guard's (every, checksum_every, canary_batch, canary_every, group, rank, emit, and the
+    keys of DEFAULT_OPTIONS)."""
+    return Guard(model, optimizer, **options)

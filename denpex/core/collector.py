@@ -103,24 +103,20 @@ class Collector(ABC):
         attrs: dict[str, Any] | None = None,
         captures: dict[str, str] | None = None,
         source: str | None = None,
+        kind: str = "state",
     ) -> Evidence:
-        """Detector evidence of this poll: a state event (body = summary) with its evidence."""
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source=source or self.name,
-            kind="state",
-            attrs=attrs or {},
-        )
-        return detector_evidence(
-            event,
+        """Detector evidence of this poll: an event (body = summary) with its evidence."""
+        return poll_finding(
+            ctx,
+            source or self.name,
             signature=signature,
             category=category,
             severity=severity,
             summary=summary,
             action=action,
+            attrs=attrs,
             captures=captures,
+            kind=kind,
         )
 
     def set_waker(self, wake: Callable[[], None]) -> None:
@@ -222,6 +218,35 @@ def detector_evidence(
         captures=captures or {},
         summary=summary,
         action=action,
+    )
+
+
+def poll_finding(
+    ctx: CollectContext,
+    source: str,
+    *,
+    signature: str,
+    category: str,
+    severity: str,
+    summary: str,
+    action: str = "none",
+    attrs: dict[str, Any] | None = None,
+    captures: dict[str, str] | None = None,
+    kind: str = "state",
+) -> Evidence:
+    """Detector evidence of a poll of `source`: an event at the poll's time whose body is the
+    summary, with its evidence."""
+    event = Event(
+        body=summary, ts_ns=ctx.now_ns, host=ctx.host, source=source, kind=kind, attrs=attrs or {}
+    )
+    return detector_evidence(
+        event,
+        signature=signature,
+        category=category,
+        severity=severity,
+        summary=summary,
+        action=action,
+        captures=captures,
     )
 
 

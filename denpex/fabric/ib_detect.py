@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
 from denpex.fabric.counters import CounterTracker, IncreaseWindow, level_for, rising
 from denpex.fabric.ib_ports import (
@@ -278,9 +278,6 @@ def _evidence(
     extra: dict[str, str],
 ) -> Observation:
     attrs = {"device": r.device, "port": r.port, "link_layer": r.link_layer}
-    event = Event(
-        body=summary, ts_ns=ctx.now_ns, host=ctx.host, source="ib", kind="state", attrs=dict(attrs)
-    )
     captures = {
         **attrs,
         "state": r.state_name or str(r.state),
@@ -289,8 +286,10 @@ def _evidence(
         **{k: str(v) for k, v in r.counters.items() if k in ("link_downed", "symbol_error")},
         **extra,
     }
-    return detector_evidence(
-        event,
+    return poll_finding(
+        ctx,
+        "ib",
+        attrs=dict(attrs),
         signature=signature,
         category=category,
         severity=severity,

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence, settings
+from denpex.core.collector import CollectContext, Observation, settings
 from denpex.core.deadline import BoundedCaller, DeadlineExceeded
-from denpex.core.events import Event, metric
+from denpex.core.events import metric
 from denpex.core.roots import Roots
 from denpex.gpu.base import GpuCollector
 from denpex.gpu.dcgm_api import (
@@ -261,10 +261,10 @@ class DcgmCollector(GpuCollector):
             "gpu": "" if incident.gpu is None else str(incident.gpu),
             "UUID": labels.get("UUID", ""),
         }
-        event = Event(body=summary, ts_ns=ctx.now_ns, host=ctx.host, source="dcgm",
-                      kind="signal", attrs=attrs)  # fmt: skip
-        return detector_evidence(
-            event,
+        return self.finding(
+            ctx,
+            kind="signal",
+            attrs=attrs,
             signature=f"{rule['category']}.dcgm_health_{incident.system}",
             category=rule["category"],
             severity=severity,
@@ -280,10 +280,10 @@ class DcgmCollector(GpuCollector):
         call = (session.in_call if session else "") or caller.stuck_call or "a DCGM call"
         summary = f"DCGM call {call} did not return within its deadline ({why})"
         attrs = {"call": call, "worker": caller.name}
-        event = Event(body=summary, ts_ns=ctx.now_ns, host=ctx.host, source="dcgm",
-                      kind="signal", attrs=attrs)  # fmt: skip
-        return detector_evidence(
-            event,
+        return self.finding(
+            ctx,
+            kind="signal",
+            attrs=attrs,
             signature=f"{category}.dcgm_call_hung",
             category=category,
             severity=rule.get("severity", "warning"),

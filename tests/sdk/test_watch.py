@@ -184,3 +184,12 @@ def test_progress_monitor_is_driven_when_present():
     assert guard.monitor is not None
     guard.step(1.0)
     guard.close()
+
+
+def test_a_misspelt_option_is_refused_with_the_known_ones():
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) evry.*known: .*checksum_optimizer"):
+        dx.watch(model, evry=10)
+    with pytest.raises(ValueError, match="nan_scan='sometimes'"):
+        dx.watch(model, nan_scan="sometimes")
+    dx.watch(model, progress=False, hang_floor_s=5.0, spike_window=50).close()  # known ones pass
