@@ -25,57 +25,28 @@ from typing import Any
 TARGET_DEFAULT_OVERHEAD = 0.02
 NEVER = 10**9  # an interval no benchmark reaches: the feature is off
 
+# every feature of watch() off
+OFF: dict[str, Any] = {
+    "every": NEVER,
+    "nan_scan": "off",
+    "checksum_every": NEVER,
+    "weight_integrity": False,
+    "replicas": False,
+    "progress": False,
+}
+HEALTH = {"every": 50, "nan_scan": "auto"}
 # each configuration's options for watch(); "defaults" is what a user gets with no options
 CONFIGS: dict[str, dict[str, Any] | None] = {
     "defaults": {},
     # no SDK on either model: what the measurement reads when there is nothing to measure
     "no_sdk": None,
     # watch() with every feature off: the cost of the guard itself
-    "nothing": {
-        "every": NEVER,
-        "nan_scan": "off",
-        "checksum_every": NEVER,
-        "weight_integrity": False,
-        "replicas": False,
-        "progress": False,
-    },
-    "health_only": {
-        "checksum_every": NEVER,
-        "replicas": False,
-        "weight_integrity": False,
-        "progress": False,
-    },
-    "checksums_only": {
-        "every": NEVER,
-        "nan_scan": "off",
-        "checksum_every": 50,
-        "replicas": False,
-        "progress": False,
-    },
-    "replicas_only": {
-        "every": NEVER,
-        "nan_scan": "off",
-        "checksum_every": 50,
-        "replicas": "always",
-        "weight_integrity": False,
-        "progress": False,
-    },
-    "progress_only": {
-        "every": NEVER,
-        "nan_scan": "off",
-        "checksum_every": NEVER,
-        "weight_integrity": False,
-        "replicas": False,
-    },
-    "canary_only": {
-        "every": NEVER,
-        "nan_scan": "off",
-        "checksum_every": NEVER,
-        "weight_integrity": False,
-        "replicas": False,
-        "progress": False,
-        "canary_every": 200,
-    },
+    "nothing": OFF,
+    "health_only": {**OFF, **HEALTH},
+    "checksums_only": {**OFF, "checksum_every": 50, "weight_integrity": True},
+    "replicas_only": {**OFF, "checksum_every": 50, "replicas": "always"},
+    "progress_only": {**OFF, "progress": True},
+    "canary_only": {**OFF, "canary_every": 200},
 }
 
 

@@ -92,32 +92,10 @@ class Collector(ABC):
         )
 
     def finding(
-        self,
-        ctx: CollectContext,
-        *,
-        signature: str,
-        category: str,
-        severity: str,
-        summary: str,
-        action: str = "none",
-        attrs: dict[str, Any] | None = None,
-        captures: dict[str, str] | None = None,
-        source: str | None = None,
-        kind: str = "state",
+        self, ctx: CollectContext, *, source: str | None = None, **details: Any
     ) -> Evidence:
-        """Detector evidence of this poll: an event (body = summary) with its evidence."""
-        return poll_finding(
-            ctx,
-            source or self.name,
-            signature=signature,
-            category=category,
-            severity=severity,
-            summary=summary,
-            action=action,
-            attrs=attrs,
-            captures=captures,
-            kind=kind,
-        )
+        """Detector evidence of this poll (see poll_finding), from this collector's source."""
+        return poll_finding(ctx, source or self.name, **details)
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """The scheduler's way to be asked for a poll now, not at the next interval."""
@@ -233,11 +211,17 @@ def poll_finding(
     attrs: dict[str, Any] | None = None,
     captures: dict[str, str] | None = None,
     kind: str = "state",
+    ts_ns: int | None = None,
 ) -> Evidence:
-    """Detector evidence of a poll of `source`: an event at the poll's time whose body is the
-    summary, with its evidence."""
+    """Detector evidence of a poll of `source`: an event whose body is the summary, at the
+    poll's time unless the source said when (`ts_ns`), with its evidence."""
     event = Event(
-        body=summary, ts_ns=ctx.now_ns, host=ctx.host, source=source, kind=kind, attrs=attrs or {}
+        body=summary,
+        ts_ns=ts_ns or ctx.now_ns,
+        host=ctx.host,
+        source=source,
+        kind=kind,
+        attrs=attrs or {},
     )
     return detector_evidence(
         event,

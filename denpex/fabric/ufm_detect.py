@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, Evidence, metric
+from denpex.core.collector import CollectContext, Observation, poll_finding
+from denpex.core.events import Evidence, metric
 
 HELP = {
     "ufm_up": "1 when the last poll of UFM succeeded, 0 when UFM was unreachable or refused",
@@ -169,16 +169,11 @@ def _evidence(
     summary: str,
     captures: dict[str, str],
 ) -> Evidence:
-    event = Event(
-        body=summary,
-        ts_ns=ts_ns or ctx.now_ns,
-        host=ctx.host,
-        source="ufm",
-        kind="state",
+    return poll_finding(
+        ctx,
+        "ufm",
+        ts_ns=ts_ns,
         attrs=dict(captures),
-    )
-    return detector_evidence(
-        event,
         signature=signature,
         category=category,
         severity=severity,
