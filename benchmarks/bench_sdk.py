@@ -2,14 +2,17 @@
 <= 2 % overhead at default settings on a CPU model), and the cost of each feature on its own.
 
 Two identical models train side by side, one step each in turn (the order alternating every
-pair), one of them watched; halfway the roles swap, so a difference between the two models
-themselves cancels. Interleaving single steps makes load from other processes hit both alike,
-which blocks of steps do not on a shared machine. Steps are grouped in chunks that hold each
-sampled step exactly once (every N steps for norms and checksums, every K for the canary); the
-ratio is the median over chunks of (watched time / unwatched time), so a chunk hit by another
-process does not decide the result. Two clocks: the training thread's wall time per step (what
-the loop feels) and CPU time, where the SDK's own background threads (the progress watchdog)
-are added to the watched side. Prints JSON; it never reports a number it did not measure.
+pair), one of them watched. Interleaving single steps makes load from other processes hit both
+alike, which blocks of steps do not on a shared machine. A round runs every configuration
+twice, each model watched once, so a difference between the two models cancels (geometric
+mean of the two phases); configurations take turns inside a round, so a change of load over
+the run reaches all of them. Steps are grouped in chunks that hold each sampled step exactly
+once (norms and checksums every 50 steps, the canary every 200); a phase's ratio is the median
+over its chunks, so a chunk hit by another process does not decide it. The result is the
+median over rounds, with their range. Two clocks: the training thread's wall time per step
+(what the loop feels) and CPU time, where the SDK's own threads (the progress watchdog) are
+added to the watched side. `no_sdk` watches neither model: what the method reads when there is
+nothing to find. Prints JSON; it never reports a number it did not measure.
 """
 
 from __future__ import annotations
