@@ -70,16 +70,7 @@ def test_occasional_overflow_with_growth_is_healthy_and_a_floor_collapse_is_not(
 
 torch = pytest.importorskip("torch", reason="module hooks and norms need torch")
 
-
-class Poison(torch.nn.Module):
-    """Turns its input non-finite while `on`: an activation going NaN inside the model."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.on = False
-
-    def forward(self, x):
-        return x * float("nan") if self.on else x
+from tests.sdk.models import Poison  # noqa: E402
 
 
 def test_recorder_names_the_first_module_in_forward_order():

@@ -13,11 +13,8 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs: pip insta
 import torch
 from transformers import Trainer, TrainingArguments
 
+import denpex.sdk.integrations.hf as integration
 from denpex.core.events import Evidence
-
-integration = pytest.importorskip(
-    "denpex.sdk.integrations.hf", reason="denpex.sdk.watch is not importable yet"
-)
 
 
 class TinyRegressor(torch.nn.Module):

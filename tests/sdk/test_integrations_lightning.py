@@ -11,11 +11,8 @@ pytest.importorskip("lightning", reason="the Lightning callback needs: pip insta
 import lightning.pytorch as pl
 import torch
 
+import denpex.sdk.integrations.lightning as integration
 from denpex.core.events import Evidence
-
-integration = pytest.importorskip(
-    "denpex.sdk.integrations.lightning", reason="denpex.sdk.watch is not importable yet"
-)
 
 
 class TinyModule(pl.LightningModule):

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import orjson
-import pytest
 
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
@@ -278,15 +277,14 @@ def test_reporter_is_the_lowest_live_reader() -> None:
 
 
 def test_guard_drives_the_monitor_and_a_stall_is_a_hang() -> None:
-    watch = pytest.importorskip("denpex.sdk.watch", reason="denpex.sdk.watch not importable yet")
     import torch
+
+    from denpex.sdk.watch import watch
 
     got: list = []
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    guard = watch.watch(
-        model, optimizer, emit=got.append, hang_floor_s=1.0, watchdog_interval_s=0.1
-    )
+    guard = watch(model, optimizer, emit=got.append, hang_floor_s=1.0, watchdog_interval_s=0.1)
     assert isinstance(guard.monitor, ProgressMonitor)
     for _ in range(5):
         loss = model(torch.randn(8, 4)).square().mean()

@@ -4,7 +4,6 @@ rank 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,25 +21,21 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in (SOCKET_ENV, "RANK")}
 
 
-def denpex_run(tmp_path: Path, *cmd: str, extra: tuple[str, ...] = ()) -> tuple[int, dict, str]:
-    report = tmp_path / "r.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "denpex",
-            "run",
-            "--no-pty",
-            *extra,
-            "--report",
-            str(report),
-            "--",
-            *cmd,
-        ],
+def run_denpex(*args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    """`denpex <args>` in a fresh interpreter, without the caller's SDK socket or rank."""
+    return subprocess.run(
+        [sys.executable, "-m", "denpex", *args],
         env=clean_env(),
         capture_output=True,
-        timeout=240,
-        cwd=tmp_path,
+        timeout=timeout,
+        **kwargs,
+    )
+
+
+def denpex_run(tmp_path: Path, *cmd: str) -> tuple[int, dict, str]:
+    report = tmp_path / "r.json"
+    result = run_denpex(
+        "run", "--no-pty", "--report", str(report), "--", *cmd, timeout=240, cwd=tmp_path
     )
     data = json.loads(report.read_text()) if report.exists() else {}
     return result.returncode, data, result.stderr.decode("utf-8", "replace")
@@ -71,12 +66,7 @@ def test_denpex_scan_blames_sdc_from_the_stderr_fallback(tmp_path: Path) -> None
     log = tmp_path / "job.log"
     # as torchrun --tee would show it: behind the rank prefix
     log.write_bytes(job.stdout.replace(b"denpex-sdk: ", b"[rank2]:denpex-sdk: "))
-    scan = subprocess.run(
-        [sys.executable, "-m", "denpex", "scan", "--json", str(log)],
-        env=clean_env(),
-        capture_output=True,
-        timeout=120,
-    )
+    scan = run_denpex("scan", "--json", str(log), timeout=120)
     assert scan.returncode == 1, scan.stderr
     root = json.loads(scan.stdout)["root_cause"]
     assert root["category"] == "train.sdc" and root["rank"] == 2
@@ -84,43 +74,11 @@ def test_denpex_scan_blames_sdc_from_the_stderr_fallback(tmp_path: Path) -> None
 
 def test_no_analysis_sets_no_sdk_socket(tmp_path: Path) -> None:
     probe = f"import os; print(os.environ.get({SOCKET_ENV!r}, 'unset'))"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "denpex",
-            "run",
-            "--no-pty",
-            "--no-analysis",
-            "--",
-            sys.executable,
-            "-c",
-            probe,
-        ],
-        env=clean_env(),
-        capture_output=True,
-        timeout=60,
-    )
+    result = run_denpex("run", "--no-pty", "--no-analysis", "--", sys.executable, "-c", probe)
     assert result.stdout.strip() == b"unset"
     report = tmp_path / "r.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "denpex",
-            "run",
-            "--no-pty",
-            "-q",
-            "--report",
-            str(report),
-            "--",
-            sys.executable,
-            "-c",
-            probe,
-        ],
-        env=clean_env(),
-        capture_output=True,
-        timeout=60,
+    result = run_denpex(
+        "run", "--no-pty", "-q", "--report", str(report), "--", sys.executable, "-c", probe
     )
     path = result.stdout.strip().decode()
     assert path.endswith("/sdk.sock") and not os.path.exists(os.path.dirname(path))
@@ -129,8 +87,6 @@ def test_no_analysis_sets_no_sdk_socket(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_bit_flip_in_one_ddp_rank_is_caught_by_watch(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the DDP job needs PyTorch")
-    if importlib.util.find_spec("denpex.sdk.watch") is None:
-        pytest.skip("denpex.sdk.watch (dx.watch) is not in this tree yet")
     code, report, stderr = denpex_run(
         tmp_path, sys.executable, str(CHILDREN / "run_ddp_bitflip.py")
     )

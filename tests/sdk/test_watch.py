@@ -27,15 +27,7 @@ torch = pytest.importorskip("torch", reason="watch() tests train a torch model")
 import denpex.sdk as dx  # noqa: E402
 from denpex.core.events import Evidence  # noqa: E402
 from denpex.core.wire import evidence_from_dict, evidence_to_dict  # noqa: E402
-
-
-class Poison(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.on = False
-
-    def forward(self, x):
-        return x * float("nan") if self.on else x
+from tests.sdk.models import Poison  # noqa: E402
 
 
 class Net(torch.nn.Module):
