@@ -44,25 +44,6 @@ VENV="$BUILD/venv"
 STAMP="$DIST/.denpex-build-stamp"
 log() { echo "build_binary: $*"; }
 
-install_system_packages() {
-    local wanted=() pkg
-    command -v dpkg >/dev/null || return 0
-    while read -r pkg; do
-        [[ -z "$pkg" || "$pkg" == \#* ]] && continue
-        dpkg -s "$pkg" >/dev/null 2>&1 || wanted+=("$pkg")
-    done < "$ROOT/dist_scripts/build-packages.txt"
-    [[ ${#wanted[@]} -eq 0 ]] && return 0
-    if ! command -v apt-get >/dev/null; then
-        echo "build_binary: missing Debian packages (${wanted[*]}) and no apt-get" >&2
-        return 1
-    fi
-    local sudo=""
-    [[ $(id -u) -ne 0 ]] && sudo="sudo"
-    log "installing ${wanted[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${wanted[@]}"
-}
-
 sources_changed() {
     # true when any input of the build is newer than the last successful build
     [[ $FORCE -eq 1 || ! -f "$STAMP" || ! -x "$DIST/denpex/denpex" ]] && return 0
@@ -90,7 +71,7 @@ if ! sources_changed; then
     exit 0
 fi
 
-install_system_packages
+bash "$ROOT/scripts/install-packages.sh" "$ROOT/dist_scripts/build-packages.txt"
 if [[ "$("$PYTHON" -c 'import sys; print(sys.base_prefix)')" == *pyenv* ]]; then
     echo "build_binary: $PYTHON is a pyenv build; staticx refuses it. Use /usr/bin/python3." >&2
     exit 1

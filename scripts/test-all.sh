@@ -7,25 +7,7 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 
-install_system_packages() {
-    local wanted=() pkg
-    while read -r pkg; do
-        [[ -z "$pkg" || "$pkg" == \#* ]] && continue
-        dpkg -s "$pkg" >/dev/null 2>&1 || wanted+=("$pkg")
-    done < scripts/system-packages.txt
-    [[ ${#wanted[@]} -eq 0 ]] && return 0
-    if ! command -v apt-get >/dev/null; then
-        echo "test-all: missing system packages (${wanted[*]}) and no apt-get; install them by hand" >&2
-        return 1
-    fi
-    local sudo=""
-    [[ $(id -u) -ne 0 ]] && sudo="sudo"
-    echo "test-all: installing ${wanted[*]}"
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${wanted[@]}"
-}
-
-command -v dpkg >/dev/null && install_system_packages
+bash scripts/install-packages.sh scripts/system-packages.txt
 "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
 echo "== eBPF objects (CO-RE, from bpf/*.bpf.c)"
