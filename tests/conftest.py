@@ -1,12 +1,32 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and the check that denpex is installed at all.
+
+`pytest` from a fresh clone would otherwise fail at collection with "No module named
+denpex._native": the compiled modules and the package mapping (`_native/`, `sdk/`,
+`signatures/` → `denpex.*`) exist only once the project is installed.
+"""
 
 from __future__ import annotations
 
-from importlib import resources
+import importlib.util
 
-import jsonschema
-import orjson
-import pytest
+_MISSING = [
+    name
+    for name in ("denpex._native", "denpex.sdk", "denpex.signatures")
+    if importlib.util.find_spec(name) is None
+]
+if _MISSING:
+    # SystemExit, not pytest.exit(): pytest reports an exception in a conftest as an
+    # ImportError with a traceback, and this is one line a person has to read
+    raise SystemExit(
+        f"denpex is not installed here ({', '.join(_MISSING)} missing); first run:\n"
+        "  pip install -e '.[test]'   (or: bash scripts/test-all.sh, which installs everything)"
+    )
+
+from importlib import resources  # noqa: E402  (after the check above, on purpose)
+
+import jsonschema  # noqa: E402
+import orjson  # noqa: E402
+import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
