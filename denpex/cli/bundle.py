@@ -24,13 +24,20 @@ def add_parser(commands) -> None:
         help="check the signature and every file's checksum",
         description="Check a bundle (the .tar.gz, or the folder it unpacks to): the minisign "
         "signature over SHA256SUMS, every listed file's SHA-256, and that no unlisted file is "
-        "present. Without --pubkey the signature is checked with the release key the bundle "
-        "carries, which proves the bundle is intact but not who made it; with --pubkey the "
-        "bundle must carry exactly that key. Exit status: 0 verified, 1 rejected, 2 bad usage.",
+        "present. The bundle must carry exactly the release key you pass with --pubkey; "
+        "--trust-carried-key checks it with the key the bundle carries instead, which proves "
+        "the bundle intact but not who made it. Exit status: 0 verified, 1 rejected, 2 bad "
+        "usage.",
     )
     verify.add_argument("file", metavar="FILE", help="the bundle .tar.gz or its folder")
-    verify.add_argument(
+    trust = verify.add_mutually_exclusive_group()
+    trust.add_argument(
         "--pubkey", metavar="KEY", help="a minisign public key file you trust (the release key)"
+    )
+    trust.add_argument(
+        "--trust-carried-key",
+        action="store_true",
+        help="check with the key the bundle carries (intact, origin not proven)",
     )
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.set_defaults(handler=handle)
@@ -50,7 +57,7 @@ def handle(args: argparse.Namespace) -> int:
         except signing.SignatureError as exc:
             raise UsageError(f"--pubkey {args.pubkey}: {exc}") from None
     try:
-        result = check_bundle(args.file, trusted)
+        result = check_bundle(args.file, trusted, trust_carried=args.trust_carried_key)
     except BundleError as exc:
         if args.json:
             sys.stdout.buffer.write(jsonio.dumps({"ok": False, "error": str(exc)}) + b"\n")
@@ -71,8 +78,8 @@ def handle(args: argparse.Namespace) -> int:
     print(f"signed by release key {result.key_id}: {result.trusted_comment}")
     if not result.origin_checked:
         print(
-            "note: checked with the key the bundle carries (intact, origin not proven); "
-            "pass --pubkey with the release key you trust",
+            "note: checked with the key the bundle carries (--trust-carried-key): intact, "
+            "origin not proven; pass --pubkey with the release key you trust",
             file=sys.stderr,
         )
     return 0

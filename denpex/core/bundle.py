@@ -4,8 +4,9 @@ the minisign signature over SHA256SUMS, every listed file's SHA-256, and no file
 Read-only; never extracts, executes or trusts anything from the bundle other than as data.
 The same rules as the bundle's install.sh (dist_scripts/bundle/install.sh):
   - the signature must verify with the release public key the bundle carries;
-  - when the operator names a key they trust (--pubkey), the carried key must be that same
-    key, so the signature verifies with the trusted key too;
+  - the operator names the key they trust (--pubkey) and the carried key must be that same
+    key, so the signature verifies with the trusted key too; the carried key alone proves the
+    bundle intact, not who made it, so relying on it takes an explicit `trust_carried`;
   - every file but SHA256SUMS and its signature is listed, and every listed file matches.
 """
 
@@ -66,8 +67,19 @@ def _check_relative(path: str, where: str) -> None:
         raise BundleError(f"{where}: unsafe path {path!r}")
 
 
-def check_bundle(path: str | os.PathLike[str], trusted: signing.PublicKey | None) -> BundleCheck:
-    """Verify a bundle tarball or folder; raises BundleError saying what is wrong."""
+def check_bundle(
+    path: str | os.PathLike[str],
+    trusted: signing.PublicKey | None,
+    *,
+    trust_carried: bool = False,
+) -> BundleCheck:
+    """Verify a bundle tarball or folder against the `trusted` release key (or, with
+    `trust_carried`, the key the bundle carries); raises BundleError saying what is wrong."""
+    if trusted is None and not trust_carried:
+        raise BundleError(
+            "no release key to trust: name your own copy of the denpex release key (the key "
+            "a bundle carries proves it intact, not who made it)"
+        )
     path = Path(path)
     if path.is_dir():
         name, entries = path.name, dict(_folder_entries(path))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs denpex from this air-gapped bundle after verifying it, or rolls back to the
 # previously installed version. Never touches the network.
-# Usage: bash install.sh [--prefix DIR] [--pubkey KEY] [--with-systemd [--enable]]
-#        [--with-slurm DIR] [--verify-only] [--rollback] [--force] [--help]
+# Usage: bash install.sh [--prefix DIR] [--pubkey KEY | --trust-carried-key]
+#        [--with-systemd [--enable]] [--with-slurm DIR] [--verify-only] [--rollback]
+#        [--allow-downgrade] [--force] [--help]
 set -euo pipefail
 umask 022
 
@@ -21,6 +22,8 @@ Verifies this bundle, then installs denpex under PREFIX:
 Options:
   --prefix DIR       where to install (default /opt/denpex)
   --pubkey KEY       a minisign public key you trust (the denpex release key); see TRUST
+  --trust-carried-key  with no --pubkey and no key pinned in PREFIX: trust the key the bundle
+                     carries (proves the bundle intact, not who made it); see TRUST
   --with-systemd     install the denpex-agent.service unit (not started)
   --systemd-dir DIR  where the unit goes (default /etc/systemd/system)
   --enable           with --with-systemd: also `systemctl enable --now denpex-agent`
@@ -28,6 +31,7 @@ Options:
   --verifier NAME    minisign | openssl | python (default: the first one found, in that order)
   --verify-only      verify the bundle and stop; nothing is written anywhere
   --rollback         point PREFIX/current back to PREFIX/previous (no bundle needed)
+  --allow-downgrade  install a version older than the one PREFIX/current points to
   --force            replace an installed copy of this version whose files differ, and
                      install on a machine whose architecture differs from the bundle's
   --i-have-verified  skip the signature check when no verifier exists on this host, because
@@ -36,9 +40,18 @@ Options:
 
 TRUST: SHA256SUMS.minisig must verify with the release key the bundle carries
 (denpex-release.pub), and that key must be the key this installation trusts: --pubkey when
-given, otherwise PREFIX/etc/denpex-release.pub from an earlier install. A first install
-without --pubkey trusts the carried key (it proves the bundle intact, not who made it) and
-says so. To rotate the release key, pass the new key with --pubkey.
+given, otherwise PREFIX/etc/denpex-release.pub from an earlier install. With neither, the
+install is refused: a key inside the bundle proves nothing about who made the bundle, so
+trusting it takes an explicit --trust-carried-key. To rotate the release key, pass the new key
+with --pubkey. Relative paths (--pubkey, --with-slurm, --systemd-dir) are taken from the
+folder you ran install.sh in.
+This script is the verifier, so check it before running it the first time: unpack the
+bundle, then `minisign -Vm SHA256SUMS -p YOUR-COPY-OF-THE-KEY && sha256sum -c SHA256SUMS`
+(install.sh is listed there), or `denpex bundle verify BUNDLE --pubkey KEY` with a denpex you
+already trust.
+VERSIONS: a bundle older than the version PREFIX/current points to is refused unless
+--allow-downgrade (a replayed old bundle must not undo a security fix); --rollback is the way
+back to the previous version.
 Then every file in SHA256SUMS must match and no unlisted file may be present. All of this
 runs on a private copy of the bundle, before anything is written to PREFIX, and uses only
 tools of this host (minisign, or openssl >= 3, or python3 with `cryptography`) - never a
@@ -53,6 +66,8 @@ USAGE
 BUNDLE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 PREFIX=/opt/denpex
 PUBKEY=""
+TRUST_CARRIED=0
+ALLOW_DOWNGRADE=0
 WITH_SYSTEMD=0
 SYSTEMD_DIR=/etc/systemd/system
 ENABLE=0
@@ -79,15 +94,20 @@ usage_error() {
     exit 2
 }
 need_value() { [[ $# -ge 2 && -n "$2" ]] || usage_error "$1 needs a value"; }
+# A relative path means the caller's folder: resolve it now, before this script changes
+# folder (a relative --pubkey resolved later would name the key inside the bundle itself)
+absolute() { if [[ "$1" == /* ]]; then printf '%s' "$1"; else printf '%s/%s' "$PWD" "$1"; fi; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --prefix) need_value "$@"; PREFIX=$2; shift 2 ;;
-        --pubkey) need_value "$@"; PUBKEY=$2; shift 2 ;;
+        --pubkey) need_value "$@"; PUBKEY=$(absolute "$2"); shift 2 ;;
+        --trust-carried-key) TRUST_CARRIED=1; shift ;;
+        --allow-downgrade) ALLOW_DOWNGRADE=1; shift ;;
         --with-systemd) WITH_SYSTEMD=1; shift ;;
-        --systemd-dir) need_value "$@"; SYSTEMD_DIR=$2; shift 2 ;;
+        --systemd-dir) need_value "$@"; SYSTEMD_DIR=$(absolute "$2"); shift 2 ;;
         --enable) ENABLE=1; shift ;;
-        --with-slurm) need_value "$@"; SLURM_DIR=$2; shift 2 ;;
+        --with-slurm) need_value "$@"; SLURM_DIR=$(absolute "$2"); shift 2 ;;
         --verifier) need_value "$@"; VERIFIER=$2; shift 2 ;;
         --verify-only) VERIFY_ONLY=1; shift ;;
         --rollback) ROLLBACK=1; shift ;;
@@ -102,6 +122,8 @@ done
 PREFIX=${PREFIX%/}
 [[ -n "$PREFIX" ]] || usage_error "--prefix / is not allowed"
 [[ $ENABLE -eq 0 || $WITH_SYSTEMD -eq 1 ]] || usage_error "--enable goes with --with-systemd"
+[[ -z "$PUBKEY" || $TRUST_CARRIED -eq 0 ]] || usage_error "--pubkey and --trust-carried-key exclude each other"
+[[ -z "$PUBKEY" || -r "$PUBKEY" ]] || usage_error "--pubkey $PUBKEY: cannot read it"
 case "$VERIFIER" in auto | minisign | openssl | python) ;; *) usage_error "--verifier: minisign, openssl or python" ;; esac
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/denpex-install.XXXXXX")
@@ -158,15 +180,16 @@ key_id() { # as minisign prints it: the 8 bytes as a little-endian number in hex
 
 decode_key "$CARRIED" carried.raw
 if [[ -n "$PUBKEY" ]]; then
-    [[ -r "$PUBKEY" ]] || usage_error "--pubkey $PUBKEY: cannot read it"
     ANCHOR=$PUBKEY
     anchor_what="the key you passed with --pubkey"
 elif [[ -f "$PREFIX/etc/denpex-release.pub" ]]; then
     ANCHOR="$PREFIX/etc/denpex-release.pub"
     anchor_what="the key this prefix trusts ($ANCHOR)"
-else
+elif [[ $TRUST_CARRIED -eq 1 ]]; then
     ANCHOR="$PAYLOAD/$CARRIED"
     anchor_what=""
+else
+    die "no release key to trust: pass --pubkey with your own copy of the denpex release key (the bundle's key $(key_id "$WORK/carried.raw") proves it intact, not who made it; --trust-carried-key accepts it anyway)"
 fi
 decode_key "$ANCHOR" anchor.raw
 cmp -s "$WORK/anchor.raw" "$WORK/carried.raw" ||
@@ -259,7 +282,7 @@ if [[ "$VERIFIER" == none ]]; then
 else
     "verify_$VERIFIER" || die "$SIG does not verify with release key $(key_id "$WORK/anchor.raw") ($VERIFIER): the bundle was altered or not signed by that key"
     say "signature ok: release key $(key_id "$WORK/anchor.raw") (checked with $VERIFIER)"
-    [[ -z "$anchor_what" ]] && warn "trusted the key the bundle carries (first install, no --pubkey): this proves the bundle intact, not who made it"
+    [[ -z "$anchor_what" ]] && warn "trusted the key the bundle carries (--trust-carried-key): this proves the bundle intact, not who made it"
 fi
 
 # ---------------------------------------------------------------- checksums, no extra files
@@ -287,6 +310,18 @@ ARCH=$(sed -n 's/^arch=//p' BUNDLE-INFO)
 if [[ "$ARCH" != "$(uname -m)" ]]; then
     [[ $FORCE -eq 1 ]] || die "this bundle is for $ARCH, this machine is $(uname -m) (--force to install anyway)"
     warn "installing a $ARCH bundle on $(uname -m) (--force)"
+fi
+
+# ---------------------------------------------------------------- no downgrade by accident
+
+older_than() { # older_than A B: version A sorts before version B (sort -V)
+    [[ "$1" != "$2" && "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" == "$1" ]]
+}
+installed=$(readlink "$PREFIX/current" 2>/dev/null || true)
+installed=${installed#versions/}
+if [[ -n "$installed" ]] && older_than "$VERSION" "$installed"; then
+    [[ $ALLOW_DOWNGRADE -eq 1 ]] || die "this bundle is denpex $VERSION, older than the installed $installed (--allow-downgrade to install it anyway, --rollback to go back to the previous version)"
+    warn "downgrading from $installed to $VERSION (--allow-downgrade)"
 fi
 
 # ---------------------------------------------------------------- kernel (warn only)

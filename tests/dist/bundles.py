@@ -78,13 +78,22 @@ def repack(folder: Path, tarball: Path) -> Path:
 
 
 def install(
-    bundle: Path, *args: str, netns: bool = False, env: dict[str, str] | None = None
+    bundle: Path,
+    *args: str,
+    netns: bool = False,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess:
     cmd = ["bash", str(bundle / "install.sh"), *args]
     if netns:
         cmd = ["unshare", "-n", *cmd]
     return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 

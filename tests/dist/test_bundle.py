@@ -139,7 +139,8 @@ def test_bundle_verify_from_the_binary(real, tmp_path):
     good = run(prefix, "bundle", "verify", str(real["tarball"]), "--pubkey", str(real["key"]))
     assert good.returncode == 0, good.stderr
     flip_byte(bundle / "denpex-static")
-    bad = run(prefix, "bundle", "verify", str(repack(bundle, tmp_path / "bad.tar.gz")))
+    damaged = str(repack(bundle, tmp_path / "bad.tar.gz"))
+    bad = run(prefix, "bundle", "verify", damaged, "--pubkey", str(real["key"]))
     assert bad.returncode == 1 and "denpex-static" in bad.stderr
     foreign = run(prefix, "bundle", "verify", str(real["other"]), "--pubkey", str(real["key"]))
     assert foreign.returncode == 1

@@ -108,8 +108,12 @@ def test_install_idempotent_then_rollback(built, tmp_path):
     assert os.readlink(prefix / "current") == "versions/1.1.0"
 
 
+TRUST_CARRIED = "--trust-carried-key"  # where a test is about something else than the key
+
+
 def _rejected(bundle: Path, prefix: Path, *args: str, match: str) -> None:
-    proc = install(bundle, "--prefix", str(prefix), *args)
+    trust = () if "--pubkey" in args else (TRUST_CARRIED,)
+    proc = install(bundle, "--prefix", str(prefix), *trust, *args)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REFUSED" in proc.stderr and match in proc.stderr, proc.stderr
     assert not prefix.exists(), "something was written to the prefix"
@@ -202,18 +206,22 @@ def test_no_verifier_refuses_unless_told(bundle, tmp_path):
         os.symlink(shutil.which(tool), tools / tool)
     env = {"PATH": str(tools)}
     prefix = tmp_path / "p"
-    proc = install(bundle, "--prefix", str(prefix), env=env)
+    proc = install(bundle, "--prefix", str(prefix), TRUST_CARRIED, env=env)
     assert proc.returncode == 1 and "no trusted verifier" in proc.stderr
     assert not prefix.exists()
-    proc = install(bundle, "--prefix", str(prefix), "--i-have-verified", env=env)
+    proc = install(bundle, "--prefix", str(prefix), TRUST_CARRIED, "--i-have-verified", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "SIGNATURE NOT CHECKED" in proc.stderr
 
 
 def test_kernel_warnings(bundle):
-    old = install(bundle, "--verify-only", env={"DENPEX_INSTALL_KERNEL_RELEASE": "5.10.0-21"})
+    old = install(
+        bundle, "--verify-only", TRUST_CARRIED, env={"DENPEX_INSTALL_KERNEL_RELEASE": "5.10.0-21"}
+    )
     assert old.returncode == 0 and "older than 5.15" in old.stderr
-    no_btf = install(bundle, "--verify-only", env={"DENPEX_INSTALL_BTF": "/nonexistent"})
+    no_btf = install(
+        bundle, "--verify-only", TRUST_CARRIED, env={"DENPEX_INSTALL_BTF": "/nonexistent"}
+    )
     assert no_btf.returncode == 0 and "without BTF" in no_btf.stderr
 
 
@@ -223,6 +231,7 @@ def test_systemd_and_slurm_files(bundle, tmp_path):
         bundle,
         "--prefix",
         str(prefix),
+        TRUST_CARRIED,
         "--with-systemd",
         "--systemd-dir",
         str(units),
@@ -242,6 +251,66 @@ def test_help_and_bad_usage(bundle):
     assert "TRUST" in install(bundle, "--help").stdout
     assert install(bundle, "--bogus").returncode == 2
     assert install(bundle, "--prefix", "relative/path").returncode == 2
+
+
+def test_relative_pubkey_is_the_callers_file(built, tmp_path):
+    """`--pubkey denpex-release.pub` names the operator's file in the folder install.sh runs
+    from, never the key of that name inside the bundle: a bundle re-signed with another key
+    (which it carries) is refused."""
+    mine = tmp_path / "operator"
+    mine.mkdir()
+    shutil.copy(built["key"], mine / "denpex-release.pub")
+    other = unpack(built["other"], tmp_path / "other")
+    prefix = tmp_path / "p"
+    proc = install(other, "--prefix", str(prefix), "--pubkey", "denpex-release.pub", cwd=mine)
+    assert proc.returncode == 1 and "not the key you passed" in proc.stderr, proc.stderr
+    assert not prefix.exists()
+    good = unpack(built["1.0.0"], tmp_path / "good")
+    proc = install(good, "--prefix", str(prefix), "--pubkey", "denpex-release.pub", cwd=mine)
+    assert proc.returncode == 0, proc.stderr
+    assert (prefix / "etc" / "denpex-release.pub").read_bytes() == built["key"].read_bytes()
+
+
+def test_relative_folders_are_the_callers(bundle, tmp_path):
+    here = tmp_path / "here"
+    here.mkdir()
+    proc = install(
+        bundle, "--prefix", str(tmp_path / "p"), TRUST_CARRIED, "--with-slurm", "slurm", cwd=here
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (here / "slurm" / "denpex-healthcheck.sh").is_file()
+
+
+def test_first_install_needs_a_key_it_was_told_to_trust(bundle, tmp_path):
+    prefix = tmp_path / "p"
+    for args in ((), ("--verify-only",)):
+        proc = install(bundle, "--prefix", str(prefix), *args)
+        assert proc.returncode == 1 and "no release key to trust" in proc.stderr, proc.stderr
+        assert "--trust-carried-key" in proc.stderr
+        assert not prefix.exists()
+    proc = install(bundle, "--prefix", str(prefix), TRUST_CARRIED)
+    assert proc.returncode == 0, proc.stderr
+    assert "proves the bundle intact, not who made it" in proc.stderr
+    bad = install(bundle, "--pubkey", "k.pub", TRUST_CARRIED)
+    assert bad.returncode == 2 and "exclude each other" in bad.stderr
+
+
+def test_downgrade_refused_unless_allowed(built, tmp_path):
+    prefix, key = tmp_path / "p", str(built["key"])
+    new = unpack(built["1.1.0"], tmp_path / "new")
+    assert install(new, "--prefix", str(prefix), "--pubkey", key).returncode == 0
+    old = unpack(built["1.0.0"], tmp_path / "old")
+    before = snapshot(prefix)
+    proc = install(old, "--prefix", str(prefix))
+    assert proc.returncode == 1 and "older than the installed 1.1.0" in proc.stderr, proc.stderr
+    assert snapshot(prefix) == before
+    proc = install(old, "--prefix", str(prefix), "--allow-downgrade")
+    assert proc.returncode == 0, proc.stderr
+    assert "downgrading from 1.1.0 to 1.0.0" in proc.stderr
+    assert os.readlink(prefix / "current") == "versions/1.0.0"
+    # the same version again, and going forward, need no flag
+    assert install(old, "--prefix", str(prefix)).returncode == 0
+    assert install(new, "--prefix", str(prefix)).returncode == 0
 
 
 CRITICAL = """{
@@ -297,12 +366,13 @@ def test_healthcheck_dry_run(bundle, tmp_path):
 # ---- the same rules in Python (denpex bundle verify)
 
 
-def _verify(path: Path, pubkey: Path | None = None, as_json: bool = False) -> int:
+def _verify(path: Path, pubkey: Path | None = None, as_json: bool = False, *extra: str) -> int:
     from denpex.cli import bundle as bundle_cli
 
     parser = argparse.ArgumentParser()
     bundle_cli.add_parser(parser.add_subparsers())
-    argv = ["bundle", "verify", str(path)] + (["--pubkey", str(pubkey)] if pubkey else [])
+    argv = ["bundle", "verify", str(path), *extra]
+    argv += ["--pubkey", str(pubkey)] if pubkey else []
     args = parser.parse_args(argv + (["--json"] if as_json else []))
     return bundle_cli.handle(args)
 
@@ -315,7 +385,12 @@ def test_check_bundle_good(built, bundle, capsys):
         assert result.name == "denpex-airgap-bundle-1.0.0-" + os.uname().machine
     assert _verify(built["1.0.0"], built["key"]) == 0
     assert "verified" in capsys.readouterr().out
-    assert _verify(built["1.0.0"]) == 0
+    # the key a bundle carries proves nothing about who made it: not without being told
+    assert _verify(built["1.0.0"]) == 1
+    assert "no release key to trust" in capsys.readouterr().err
+    with pytest.raises(BundleError, match="no release key to trust"):
+        check_bundle(bundle, None)
+    assert _verify(built["1.0.0"], None, False, TRUST_CARRIED) == 0
     assert "origin not proven" in capsys.readouterr().err
 
 
@@ -332,11 +407,11 @@ def test_check_bundle_bad(built, bundle, tmp_path):
     extra = unpack(built["1.0.0"], tmp_path / "extra")
     (extra / "extra.txt").write_text("x")
     with pytest.raises(BundleError, match=r"extra\.txt: present in the bundle but not listed"):
-        check_bundle(repack(extra, tmp_path / "extra.tar.gz"), None)
+        check_bundle(repack(extra, tmp_path / "extra.tar.gz"), None, trust_carried=True)
     wrong_sig = unpack(built["1.0.0"], tmp_path / "wrongsig")
     shutil.copy(unpack(built["other"], tmp_path / "o") / "SHA256SUMS.minisig", wrong_sig)
     with pytest.raises(BundleError, match="signed with key"):
-        check_bundle(wrong_sig, None)
+        check_bundle(wrong_sig, None, trust_carried=True)
     garbage = tmp_path / "garbage.tar.gz"
     garbage.write_bytes(b"not a tarball")
     with pytest.raises(BundleError, match="not a readable"):
