@@ -3,7 +3,8 @@
 
 Per 64 KB block, GIL released: hashed 4-byte windows at every 4th position find the literals of
 >= 7 bytes, Teddy (SIMD nibble masks) the 3-6 byte ones; a literal hit must pass a small program
-for the regex items around it, then `re` confirms that (line, pattern) pair only. It must never
+for the regex items around it, then `LineSearch` (`re`, RE2 on long lines) confirms that
+(line, pattern) pair only. It must never
 miss a pair that `re.search` on that line finds, nor report one it does not.
 """
 
@@ -13,7 +14,7 @@ from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
 from denpex._native.contexts import Program, prefilter_plan, site_contexts
-from denpex._native.literals import compile_pattern
+from denpex._native.linesearch import LineSearch
 
 cdef extern from *:
     """
@@ -632,7 +633,7 @@ cdef class Matcher:
 
     def __init__(self, patterns):
         self.patterns = list(patterns)
-        self._search = [compile_pattern(p).search for p in self.patterns]
+        self._search = [LineSearch(p).search for p in self.patterns]
         self._always = []
         literal_ids = {}  # (literal, ignorecase) -> id
         literal_patterns = []  # id -> {pattern index: its contexts around that literal}

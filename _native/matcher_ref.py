@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from denpex._native.literals import compile_pattern, literal_plan
+from denpex._native.linesearch import LineSearch
+from denpex._native.literals import literal_plan
 
 
 class Matcher:
@@ -17,7 +18,7 @@ class Matcher:
 
     def __init__(self, patterns: list[str]) -> None:
         self.patterns = list(patterns)
-        self._compiled = [compile_pattern(p) for p in self.patterns]
+        self._compiled = [LineSearch(p) for p in self.patterns]
         self._always: list[int] = []  # patterns without a usable literal: confirmed on every line
         # (literal, ignorecase) → the patterns that require it (one of their alternatives)
         self._by_literal: dict[tuple[bytes, bool], list[int]] = {}

@@ -109,9 +109,13 @@ from importlib import resources
 
 import denpex._native as native
 
+from denpex._native.linesearch import engine
+
 fallbacks = [n for n in native.NATIVE_MODULES if native.backend(n) != "native"]
 if fallbacks:
     sys.exit(f"build_binary: not compiled: {fallbacks}; is a C compiler installed?")
+if engine() != "re2":
+    sys.exit("build_binary: google-re2 is not installed in the build venv (long lines)")
 bpf = list(resources.files("denpex.host").joinpath("bpf").glob("*.bpf.o"))
 if not bpf and os.environ.get("DENPEX_NO_BPF") != "1":
     sys.exit(
@@ -144,7 +148,7 @@ log "smoke test of the frozen binaries"
 for exe in "$DIST/denpex/denpex" "$DIST/denpex-onefile" "$DIST/denpex-static"; do
     [[ -x "$exe" ]] || continue
     out=$(cd / && env -i "$exe" --version --verbose)
-    if grep -q ': reference' <<<"$out"; then
+    if grep -q ': reference' <<<"$out" || ! grep -q '^long lines: re2$' <<<"$out"; then
         echo "build_binary: $exe loaded a pure-Python fallback:" >&2
         echo "$out" >&2
         exit 1

@@ -11,12 +11,8 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from denpex._native.literals import (
-    IGNORECASE_PREFIX,
-    compile_pattern,
-    literal_plan,
-    portability_errors,
-)
+from denpex._native.linesearch import LineSearch
+from denpex._native.literals import IGNORECASE_PREFIX, literal_plan, portability_errors
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import SEVERITIES, SOURCES, Event, Evidence
 from denpex.core.taxonomy import Taxonomy
@@ -58,7 +54,7 @@ class Signature:
     file: str = ""
     line: int = 0
     overrides: str | None = None  # the shipped file this site-local entry replaces
-    compiled: re.Pattern[bytes] | None = field(default=None, repr=False)
+    compiled: LineSearch | None = field(default=None, repr=False)
 
     @property
     def pattern(self) -> str:
@@ -71,12 +67,10 @@ class Signature:
     def captures(self, line: bytes) -> dict[str, str]:
         """Named groups of the match on `line`, decoded; empty when it does not match."""
         assert self.compiled is not None
-        found = self.compiled.search(line)
-        if found is None:
+        groups = self.compiled.groups(line)
+        if groups is None:
             return {}
-        return {
-            k: v.decode("utf-8", "replace") for k, v in found.groupdict().items() if v is not None
-        }
+        return {k: v.decode("utf-8", "replace") for k, v in groups.items() if v is not None}
 
     def render_summary(self, captures: dict[str, str]) -> str:
         return string.Formatter().vformat(self.summary, (), _Missing(captures))
@@ -169,8 +163,8 @@ def validate_entry(
                 err("regex", f"regex {problem}")
             pattern = (IGNORECASE_PREFIX if "ignorecase" in (flags or []) else "") + regex
             try:
-                compiled = compile_pattern(pattern)
-                group_names = set(compiled.groupindex)
+                compiled = LineSearch(pattern)
+                group_names = set(compiled.compiled.groupindex)
             except re.error:
                 compiled = None  # already reported by portability_errors
             if compiled is not None:

@@ -46,6 +46,19 @@ def checks() -> list[tuple[str, bool, str]]:
         if backend != "native" and not disabled:
             detail += ": not compiled; reinstall with a C compiler for full speed"
         found.append((f"backend {name}", backend == "native" or disabled, detail))
+    from denpex._native.linesearch import LONG_LINE, engine
+
+    long_lines = engine() == "re2"
+    found.append(
+        (
+            "long lines",
+            long_lines,
+            f"lines over {LONG_LINE} bytes are matched by RE2 (linear time)"
+            if long_lines
+            else "google-re2 is not installed: long lines use Python's re, which a crafted "
+            "line can slow down (pip install google-re2)",
+        )
+    )
     try:
         catalog = load_catalog()
         found.append(("signatures", True, f"{len(catalog)} loaded ({catalog.backend} matcher)"))

@@ -67,8 +67,11 @@ def version_text(verbose: bool) -> str:
         catalog = load_catalog()
         lines.append(f"python {platform.python_version()} ({sys.executable})")
         lines.append(f"frozen: {'yes' if getattr(sys, 'frozen', False) else 'no'}")
+        from denpex._native.linesearch import engine
+
         for name in native.NATIVE_MODULES:
             lines.append(f"{name}: {native.backend(name)}")
+        lines.append(f"long lines: {engine()}")
         lines.append(f"signatures: {len(catalog)}")
         if native.extensions_disabled():
             lines.append("DENPEX_NO_EXTENSIONS=1: compiled modules disabled")
