@@ -1,7 +1,8 @@
 """The layer import contract of DESIGN §2, checked on the source with `ast`.
 
 A module may import only packages on lower lines; packages on one line never import each
-other. Lazy imports inside functions count too: they are still dependencies.
+other; inside a package, modules never import each other in a circle. Lazy imports inside
+functions count too: they are still dependencies.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ LAYERS = [
     ["denpex.catalog"],
     ["denpex.diagnosis"],
     [
-        "denpex.lite",
         "denpex.host",
         "denpex.gpu",
         "denpex.fabric",
         "denpex.sdk",
         "denpex.enterprise",
     ],
+    ["denpex.lite"],
     ["denpex.agent"],
     ["denpex.remediation"],
     ["denpex.control"],
@@ -104,3 +105,93 @@ def test_contract_catches_a_violation(tmp_path):
     bad.write_text("from denpex.lite.scanner import Scanner\n")
     assert [m for _, m in imported_modules(bad, "denpex.core.bad")] == ["denpex.lite.scanner"]
     assert LEVEL[package_of("denpex.lite.scanner")] > LEVEL["denpex.core"]
+
+
+def test_collectors_never_import_the_wrapper():
+    assert LEVEL["denpex.lite"] > max(LEVEL[p] for p in ("denpex.host", "denpex.gpu"))
+
+
+# --- no import cycles inside a package ------------------------------------------------------
+
+
+def module_name(pkg: str, path: Path) -> str:
+    folder = SOURCE_DIRS.get(pkg, ROOT / Path(*pkg.split(".")))
+    parts = [pkg, *path.relative_to(folder).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(files: list[tuple[str, Path]]) -> dict[str, set[str]]:
+    """module → the modules of its own package it imports (`from pkg import name` counts as
+    an import of `pkg.name` when that is a module, else of `pkg` itself)."""
+    names = {module_name(pkg, path): pkg for pkg, path in files}
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    for pkg, path in files:
+        own = module_name(pkg, path)
+        for _, imported in imported_modules(path, own):
+            while imported and imported not in names:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != own and names[imported] == pkg:
+                graph[own].add(imported)
+        for node in ast.walk(ast.parse(path.read_text()) if path.suffix == ".py" else ast.Module()):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    target = f"{node.module}.{alias.name}"
+                    if target in names and target != own and names[target] == pkg:
+                        graph[own].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_inside_a_package():
+    graph = import_graph(source_files())
+    assert graph["denpex.cli.run"], "the graph must see imports inside a package"
+    assert cycles(graph) == []
+
+
+def test_cycle_check_catches_a_circle(tmp_path):
+    pkg = tmp_path / "denpex" / "cli"
+    pkg.mkdir(parents=True)
+    (pkg / "main.py").write_text("def build():\n    from denpex.cli import run\n")
+    (pkg / "run.py").write_text("from denpex.cli.main import build\n")
+    (pkg / "scan.py").write_text("from denpex.cli.main import build\n")
+    files = [("denpex.cli", path) for path in sorted(pkg.glob("*.py"))]
+    SOURCE_DIRS["denpex.cli"] = pkg
+    try:
+        graph = import_graph(files)
+    finally:
+        del SOURCE_DIRS["denpex.cli"]
+    assert cycles(graph) == [["denpex.cli.main", "denpex.cli.run"]]

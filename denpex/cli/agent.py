@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError
 
 MAX_METRICS_SHOWN = 60  # more than a screen of values is summarised; --json has them all
 DISABLED = "disabled in the configuration"

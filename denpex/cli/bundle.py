@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError
 
 
 def add_parser(commands) -> None:

@@ -1,13 +1,24 @@
-"""Options shared by `denpex run` and `denpex scan`: reports and the signature catalog."""
+"""What the subcommands share: the usage error, report options, the signature catalog.
+
+Every subcommand module imports from here and never from `main.py` or from a sibling
+subcommand (that made a circle). Imports of the layers stay inside the functions, so that
+`denpex --version`, which loads this module through `main.py`, stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
-from denpex.catalog import Catalog, CatalogError, load_catalog
-from denpex.cli.main import UsageError
-from denpex.lite.session import ReportOptions
+if TYPE_CHECKING:
+    from denpex.catalog import Catalog
+    from denpex.catalog.schema import Signature
+    from denpex.lite.session import ReportOptions
+
+
+class UsageError(Exception):
+    """Bad arguments or input: printed as one line, exit status 2."""
 
 
 def add_report_options(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +53,8 @@ def add_report_options(parser: argparse.ArgumentParser) -> None:
 
 
 def report_options(args: argparse.Namespace, *, json_stdout: bool = False) -> ReportOptions:
+    from denpex.lite.session import ReportOptions
+
     for path in (args.report, args.html):
         if path:
             folder = os.path.dirname(os.path.abspath(path))
@@ -77,8 +90,28 @@ def check_signature_dirs(args: argparse.Namespace) -> list[str]:
 
 def catalog_for(args: argparse.Namespace) -> Catalog:
     """The shipped catalog plus the site-local folders (which override shipped ids)."""
+    from denpex.catalog import CatalogError, load_catalog
+
     local = check_signature_dirs(args)
     try:
         return load_catalog(local=local)
     except CatalogError as exc:
         raise UsageError(str(exc)) from None
+
+
+def describe_signature(sig: Signature) -> str:
+    """A signature in full, as `denpex signatures show` and `denpex explain` print it."""
+    lines = [
+        f"{sig.id}  ({sig.category}, {sig.severity})",
+        f"  summary   {sig.summary}",
+        f"  action    {sig.action}",
+        f"  explain   {sig.explain}",
+        f"  regex     {sig.regex}" + ("   [ignorecase]" if "ignorecase" in sig.flags else ""),
+        f"  sources   {', '.join(sig.sources) or 'any'}",
+        f"  defined   {sig.file}:{sig.line}"
+        + (f" (overrides the shipped entry in {sig.overrides})" if sig.overrides else ""),
+    ]
+    lines += [f"  refs      {ref}" for ref in sig.refs]
+    lines += [f"  matches   {text}" for text in sig.examples_match]
+    lines += [f"  ignores   {text}" for text in sig.examples_no_match]
+    return "\n".join(lines)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from denpex.cli.common import catalog_for
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError, catalog_for, describe_signature
 
 
 def add_parser(commands) -> None:
@@ -27,14 +26,13 @@ def add_parser(commands) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from denpex.cli.signatures import describe
     from denpex.core import load_taxonomy
     from denpex.diagnosis.summary import ACTION_TEXT
 
     catalog = catalog_for(args)
     sig = catalog.by_id.get(args.name)
     if sig is not None:
-        print(describe(sig))
+        print(describe_signature(sig))
         return 0
     taxonomy = load_taxonomy()
     if args.name not in taxonomy:

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError
 
 EPILOG = """\
 examples:

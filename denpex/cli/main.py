@@ -2,6 +2,7 @@
 
 Thin by design: each subcommand lives in its own module (run.py, scan.py); this one only
 builds the parser, prints the version, and turns expected errors into one-line messages.
+No subcommand imports this module (what they share is in common.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import sys
 
 from denpex import __version__
+from denpex.cli.common import UsageError
 
 EPILOG = """\
 examples:
@@ -25,10 +27,6 @@ examples:
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
 `denpex scan` exits 0 when no failure was found, 1 when one was diagnosed, 2 on bad input.
 """
-
-
-class UsageError(Exception):
-    """Bad arguments or input: printed as one line, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,12 +6,12 @@ import argparse
 import sys
 
 from denpex.cli.common import (
+    UsageError,
     add_report_options,
     catalog_for,
     check_signature_dirs,
     report_options,
 )
-from denpex.cli.main import UsageError
 
 DESCRIPTION = """\
 Run CMD exactly as if denpex were not there (same output, input, signals and exit status),

@@ -9,8 +9,7 @@ import signal
 import sys
 import time
 
-from denpex.cli.common import add_report_options, catalog_for, report_options
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError, add_report_options, catalog_for, report_options
 
 DESCRIPTION = """\
 Read log files (or stdin) from one or many ranks and hosts, match every line against

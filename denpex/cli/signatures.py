@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from denpex.cli.common import catalog_for, local_signature_dirs
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError, catalog_for, describe_signature, local_signature_dirs
 
 DESCRIPTION = """\
 Browse the failure signatures denpex matches, and check your own before you use them.
@@ -114,7 +113,7 @@ def handle(args: argparse.Namespace) -> int:
         if args.json:
             sys.stdout.buffer.write(jsonio.dumps(_as_dict(sig), pretty=True) + b"\n")
             return 0
-        print(describe(sig))
+        print(describe_signature(sig))
         return 0
     from denpex.catalog.reference import render_markdown
     from denpex.core import load_taxonomy
@@ -126,23 +125,6 @@ def handle(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
-
-
-def describe(sig) -> str:
-    lines = [
-        f"{sig.id}  ({sig.category}, {sig.severity})",
-        f"  summary   {sig.summary}",
-        f"  action    {sig.action}",
-        f"  explain   {sig.explain}",
-        f"  regex     {sig.regex}" + ("   [ignorecase]" if "ignorecase" in sig.flags else ""),
-        f"  sources   {', '.join(sig.sources) or 'any'}",
-        f"  defined   {sig.file}:{sig.line}"
-        + (f" (overrides the shipped entry in {sig.overrides})" if sig.overrides else ""),
-    ]
-    lines += [f"  refs      {ref}" for ref in sig.refs]
-    lines += [f"  matches   {text}" for text in sig.examples_match]
-    lines += [f"  ignores   {text}" for text in sig.examples_no_match]
-    return "\n".join(lines)
 
 
 def _test(args: argparse.Namespace) -> int:
