@@ -29,7 +29,8 @@ def checks() -> list[tuple[str, bool, str]]:
     import denpex._native as native
     from denpex import __version__
     from denpex.catalog import CatalogError, load_catalog
-    from denpex.lite.hostwatch import CgroupMemoryWatch, KmsgWatch
+    from denpex.core.roots import Roots
+    from denpex.lite.hostwatch import kmsg_unavailable, memory_cgroup_of
 
     found: list[tuple[str, bool, str]] = [
         (
@@ -64,26 +65,24 @@ def checks() -> list[tuple[str, bool, str]]:
         found.append(("signatures", True, f"{len(catalog)} loaded ({catalog.backend} matcher)"))
     except CatalogError as exc:
         found.append(("signatures", False, exc.errors[0]))
-    kmsg = KmsgWatch()
-    readable = kmsg.open()
-    kmsg.close()
+    roots = Roots()
+    kmsg_problem = kmsg_unavailable(roots)
     found.append(
         (
             "kernel log",
-            readable,
+            kmsg_problem is None,
             "readable: Xid, OOM-killer and other kernel lines during `denpex run` are evidence"
-            if readable
-            else f"{kmsg.unavailable}; run as root or set kernel.dmesg_restrict=0",
+            if kmsg_problem is None
+            else kmsg_problem,
         )
     )
-    cgroup = CgroupMemoryWatch(os.getpid())
-    located = cgroup.locate()
+    memcg = memory_cgroup_of(roots, os.getpid())
     found.append(
         (
             "memory cgroup",
-            located is not None,
-            f"{located[0]} at {located[1]}: OOM kills of a job are counted"
-            if located
+            memcg is not None,
+            f"{memcg}: OOM kills of a job are counted"
+            if memcg is not None
             else "not found: cgroup OOM kills cannot be counted",
         )
     )

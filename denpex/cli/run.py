@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 
 from denpex.cli.common import (
@@ -72,7 +73,8 @@ def handle(args: argparse.Namespace) -> int:
         check_signature_dirs(args)
         options = report_options(args)
         options.title = f"denpex: {' '.join(argv)[:120]}"
-        host_watch = RunHostWatch()  # before the job starts, so nothing it triggers is missed
+        # before the job starts, so nothing it triggers is missed
+        host_watch = RunHostWatch(host=socket.gethostname())
         try:
             # bound before the analyzer forks, so both share it; without it the SDK writes
             # `denpex-sdk:` lines to stderr, which the analysis reads all the same

@@ -13,6 +13,7 @@ lay within 1 ms of CLOCK_MONOTONIC (local_clock drifted ~0.7 ms from it after 2 
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,18 @@ _PREFIX = re.compile(rb"^(\d{1,4}),(\d{1,20}),(\d{1,20}),([^;\n]{0,32});")
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 # What the kernel escapes in message text and dictionary values (kernel/printk/printk.c)
 _NEEDS_ESCAPE = re.compile(rb"[\x00-\x1f\x7f-\xff\\]")
+
+
+# Every line a test writes into the real kernel log carries this marker; outside a test run
+# (DENPEX_TEST_KMSG unset) denpex ignores such records, so a test's fake Xid or OOM line can
+# never become a diagnosis, and a site's own health checks can key on the marker too.
+TEST_MARKER = "denpex-test-injected"
+TEST_KMSG_ENV = "DENPEX_TEST_KMSG"
+
+
+def is_test_record(message: str) -> bool:
+    """True for a test's injected kernel-log line when no test run asked for them."""
+    return TEST_MARKER in message and os.environ.get(TEST_KMSG_ENV) != "1"
 
 
 class KmsgPrefix(NamedTuple):

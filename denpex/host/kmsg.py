@@ -17,7 +17,12 @@ from typing import Any, ClassVar
 
 from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
-from denpex.core.kmsg import SeqTracker, monotonic_to_wall_offset_ns, parse_record
+from denpex.core.kmsg import (
+    SeqTracker,
+    is_test_record,
+    monotonic_to_wall_offset_ns,
+    parse_record,
+)
 from denpex.core.roots import Roots, read_text
 from denpex.host.base import HostCollector
 
@@ -159,6 +164,8 @@ class KmsgCollector(HostCollector):
             record = parse_record(raw)
             if record is None or not self.tracker.accept(record.seq):
                 continue
+            if is_test_record(record.message):
+                continue  # a test's injected line, outside a test run
             self.records_total += 1
             attrs: dict[str, object] = {
                 "kmsg_seq": record.seq,

@@ -1,24 +1,26 @@
-"""Host evidence `denpex run` gathers for its own child without any agent (DESIGN §4).
+"""Host evidence `denpex run` gathers for its own job without any agent (DESIGN §4).
 
-The kernel log records that appear during the run (`/dev/kmsg`, when readable) and the
-memory events of the child's cgroup (v1 `memory.oom_control`/`memory.failcnt`, v2
-`memory.events`). Every path goes through configurable roots so tests use fixture trees.
-Never blocks: kmsg is read non-blocking, cgroup files are read twice (start and end).
+The kernel-log records that appear during the run and the OOM kills of the memory cgroup
+the job inherits from denpex, read through the node agent's own readers (`host/kmsg.py`,
+`host/cgroup.py`) and `Roots`, so both see the same records and count lost ones the same way
+(by sequence number). Every record is marked "job" or "host" (`attribution`) from what the
+wrapper knows of its job. Never blocks: the kernel log is read non-blocking, a cgroup poll
+is a handful of small files.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
+from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
-from denpex.core.kmsg import parse_prefix, wall_ns_from_usec
-from denpex.lite.prefixes import ParsedLine, parse_line
-
-KMSG_RECORD_MAX = 8192
+from denpex.core.roots import Roots
+from denpex.core.wire import Registration
+from denpex.host.cgroup import CgroupCollector
+from denpex.host.kmsg import KmsgCollector
+from denpex.lite.job_processes import JobProcesses
+from denpex.lite.prefixes import ParsedLine
 
 CGROUP_OOM_SIGNATURE = "host.oom_killed.cgroup_oom_kill"
 CGROUP_OOM_EXPLAIN = (
@@ -26,163 +28,20 @@ CGROUP_OOM_EXPLAIN = (
     "reached its memory limit. Lower host memory use (fewer DataLoader workers, smaller "
     "prefetch, no full-dataset copies in RAM) or raise the job's memory request."
 )
+CGROUP_POLL_S = 1.0  # how often the cgroup counters are read while the job runs
+HOST_SOURCES = ("kmsg", "cgroup")  # the sources whose records carry an attribution
 
 
-class KmsgWatch:
-    """Reads `/dev/kmsg` records written after start, non-blocking, counting overruns."""
-
-    def __init__(self, devfs: str = "/dev") -> None:
-        self.path = os.path.join(devfs, "kmsg")
-        self.fd: int | None = None
-        self.lost_records = 0
-        self.unavailable: str | None = None
-
-    def open(self) -> bool:
-        try:
-            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            os.lseek(self.fd, 0, os.SEEK_END)  # only records from now on
-        except OSError as exc:
-            self.fd = None
-            self.unavailable = f"kernel log not readable ({self.path}: {exc.strerror})"
-            return False
-        return True
-
-    def poll(self) -> list[ParsedLine]:
-        """Every record available now, parsed, with wall-clock times."""
-        if self.fd is None:
-            return []
-        records: list[ParsedLine] = []
-        while True:
-            try:
-                raw = os.read(self.fd, KMSG_RECORD_MAX)
-            except BlockingIOError:
-                break
-            except OSError as exc:
-                if exc.errno == errno.EPIPE:  # the ring overwrote records we had not read
-                    self.lost_records += 1
-                    continue
-                break
-            if not raw:
-                break
-            head, _, _ = raw.partition(b"\n")  # continuation lines (KEY=value) follow
-            parsed = parse_line(head)
-            prefix = parse_prefix(head)
-            if prefix is not None:
-                parsed.ts_ns = wall_ns_from_usec(prefix.usec)
-            records.append(parsed)
-        return records
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+def kmsg_unavailable(roots: Roots) -> str | None:
+    """Why the kernel log cannot be read here (the collector's own words), or None."""
+    ok, why = KmsgCollector(roots).available()
+    return None if ok else f"kernel log not readable: {why}"
 
 
-@dataclass(slots=True)
-class MemoryCounters:
-    oom_kill: int = 0
-    oom: int = 0
-    failcnt: int = 0
-
-
-def _read_keyed(path: Path) -> dict[str, int]:
-    values: dict[str, int] = {}
-    try:
-        text = path.read_text()
-    except OSError:
-        return values
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if value.strip().isdigit():
-            values[key] = int(value)
-    return values
-
-
-class CgroupMemoryWatch:
-    """OOM kills in the memory cgroup of a process, between `start()` and `finish()`."""
-
-    def __init__(self, pid: int, *, procfs: str = "/proc", sysfs: str = "/sys") -> None:
-        self.pid = pid
-        self.procfs = procfs
-        self.cgroup_root = Path(sysfs) / "fs" / "cgroup"
-        self.files: tuple[str, Path] | None = None
-        self.before = MemoryCounters()
-
-    def locate(self) -> tuple[str, Path] | None:
-        """('v1'|'v2', folder) of the process's memory cgroup, if there is one."""
-        try:
-            text = Path(self.procfs, str(self.pid), "cgroup").read_text()
-        except OSError:
-            return None
-        v2_path = None
-        for line in text.splitlines():
-            parts = line.split(":", 2)
-            if len(parts) != 3:
-                continue
-            _, controllers, path = parts
-            if "memory" in controllers.split(","):
-                folder = self.cgroup_root / "memory" / path.lstrip("/")
-                if (folder / "memory.oom_control").exists():
-                    return "v1", folder
-            if controllers == "":
-                v2_path = path
-        if v2_path is not None:
-            folder = self.cgroup_root / v2_path.lstrip("/")
-            if (folder / "memory.events").exists():
-                return "v2", folder
-        return None
-
-    def read(self) -> MemoryCounters:
-        if self.files is None:
-            return MemoryCounters()
-        version, folder = self.files
-        if version == "v2":
-            events = _read_keyed(folder / "memory.events")
-            return MemoryCounters(events.get("oom_kill", 0), events.get("oom", 0))
-        control = _read_keyed(folder / "memory.oom_control")
-        try:
-            failcnt = int((folder / "memory.failcnt").read_text().strip() or 0)
-        except (OSError, ValueError):
-            failcnt = 0
-        return MemoryCounters(control.get("oom_kill", 0), 0, failcnt)
-
-    def start(self) -> bool:
-        self.files = self.locate()
-        self.before = self.read()
-        return self.files is not None
-
-    def finish(self, evidence_id: str, host: str | None, pid: int | None = None) -> Evidence | None:
-        """Evidence of OOM kills in the cgroup since start(), or None."""
-        if self.files is None:
-            return None
-        after = self.read()
-        kills = after.oom_kill - self.before.oom_kill
-        if kills <= 0:
-            return None
-        version, folder = self.files
-        relative = folder.relative_to(self.cgroup_root)
-        body = (
-            f"memory cgroup /{relative} ({version}): oom_kill {self.before.oom_kill} -> "
-            f"{after.oom_kill} during the run"
-        )
-        return Evidence(
-            id=evidence_id,
-            event=Event(
-                body=body,
-                ts_ns=time.time_ns(),
-                host=host,
-                source="cgroup",
-                kind="state",
-                pid=pid or self.pid,
-                attrs={"oom_kill": kills},
-            ),
-            signature=CGROUP_OOM_SIGNATURE,
-            category="host.oom_killed",
-            severity="critical",
-            captures={"count": str(kills)},
-            summary=f"the OOM killer killed {kills} process(es) in the job's memory cgroup",
-            action="reduce_memory",
-        )
+def memory_cgroup_of(roots: Roots, pid: int) -> str | None:
+    """The memory cgroup path of a process as the cgroup collector locates it, or None."""
+    found = CgroupCollector(roots).locate(Registration(pid=pid))
+    return found[0] if found is not None else None
 
 
 class RunHostWatch:
@@ -190,15 +49,89 @@ class RunHostWatch:
     it triggers is missed: the kernel log read from this point on, and the OOM-kill count of
     the memory cgroup the job will inherit from denpex."""
 
-    def __init__(self, *, procfs: str = "/proc", sysfs: str = "/sys", devfs: str = "/dev") -> None:
+    def __init__(self, roots: Roots | None = None, *, host: str = "") -> None:
+        self.roots = roots or Roots()
+        self.host = host
         self.notes: list[str] = []
-        self.kmsg: KmsgWatch | None = KmsgWatch(devfs)
-        if not self.kmsg.open():
-            self.notes.append(self.kmsg.unavailable or "kernel log not readable")
-            self.kmsg = None
-        self.cgroup: CgroupMemoryWatch | None = CgroupMemoryWatch(
-            os.getpid(), procfs=procfs, sysfs=sysfs
-        )
-        if not self.cgroup.start():
+        self.kmsg: KmsgCollector | None = None
+        reason = kmsg_unavailable(self.roots)
+        if reason is None:
+            self.kmsg = KmsgCollector(self.roots)
+            self.kmsg.collect(self._context())  # opens at the end of the ring: records from now on
+            if self.kmsg.fd is None:
+                reason, self.kmsg = "kernel log not readable (open failed)", None
+        if reason is not None:
+            self.notes.append(reason)
+        self._job = Registration(pid=os.getpid())
+        self.cgroup: CgroupCollector | None = CgroupCollector(self.roots)
+        located = self.cgroup.locate(self._job)
+        self.memcg: str | None = located[0] if located is not None else None
+        if located is None:
             self.notes.append("no memory cgroup found: OOM kills of the job cannot be counted")
             self.cgroup = None
+        self.cgroup_evidence: list[Evidence] = []
+        self._last_cgroup_poll = 0.0
+        self.poll_cgroup()  # the baseline: kills before the run are not the job's
+
+    def _context(self, jobs: tuple[Registration, ...] = ()) -> CollectContext:
+        return CollectContext(self.roots, self.host, jobs)
+
+    @property
+    def lost_records(self) -> int:
+        """Kernel-log records the ring overwrote before they were read (by sequence number)."""
+        return self.kmsg.tracker.lost if self.kmsg is not None else 0
+
+    def kernel_records(self) -> list[ParsedLine]:
+        """The kernel-log records available now, as lines for the scanner (non-blocking)."""
+        if self.kmsg is None:
+            return []
+        lines = []
+        for event in self.kmsg.collect(self._context()):
+            if not isinstance(event, Event) or event.kind != "line":
+                continue  # the collector's metrics and lost-record notes
+            attrs = {k: v for k, v in event.attrs.items() if k != "event_id"}
+            lines.append(
+                ParsedLine(
+                    body=event.body.encode("utf-8", "replace"),
+                    ts_ns=event.ts_ns,
+                    pid=event.pid,
+                    source="kmsg",
+                    attrs=attrs,
+                )
+            )
+        return lines
+
+    def poll_cgroup(self, *, force: bool = False) -> None:
+        """Read the job's cgroup counters (at most every CGROUP_POLL_S unless forced); an OOM
+        kill since the previous read becomes evidence, stamped with the time it was seen."""
+        now = time.monotonic()
+        if self.cgroup is None or (not force and now - self._last_cgroup_poll < CGROUP_POLL_S):
+            return
+        self._last_cgroup_poll = now
+        for item in self.cgroup.collect(self._context((self._job,))):
+            if isinstance(item, Evidence):
+                self.cgroup_evidence.append(item)
+
+    def close(self) -> None:
+        if self.kmsg is not None:
+            self.kmsg.close()
+
+
+def attribution(event: Event, job: JobProcesses, memcg: str | None) -> str:
+    """ "job" when a host record is provably about this job — its subject pid is one of the
+    job's processes (alive or remembered), its memory cgroup is the job's own (not the root),
+    or it names a GPU the job holds — else "host" (contract: host evidence is context)."""
+    if event.source == "cgroup":
+        # the counters of the job's own cgroup; the root cgroup is everybody's
+        return "job" if memcg not in (None, "/") else "host"
+    if event.pid is not None and job.knows(event.pid):
+        return "job"
+    record_memcg = event.attrs.get("cgroup")
+    if isinstance(record_memcg, str) and memcg is not None and memcg != "/":
+        inside = f"{memcg.rstrip('/')}/"
+        if record_memcg == memcg or record_memcg.startswith(inside):
+            return "job"
+    pci = job.gpu_named_in(event.body)
+    if pci is not None and pci in job.gpus_held():
+        return "job"
+    return "host"

@@ -85,6 +85,7 @@ class Scanner:
         self.rank_of_gpu: dict[tuple[str | None, int], int] = {}  # (host, bus id) → rank
         self.rank_of_device: dict[tuple[str | None, int], int] = {}  # (host, cudaDev) → rank
         self.host_of_rank: dict[int, str] = {}
+        self.rank_of_pid: dict[int, int] = {}  # what the wrapper learnt of its processes
         self._seq = 0
         self.sdk_messages = 0  # SDK Evidence/Events taken in (socket or `denpex-sdk:` lines)
         self.sdk_bad_lines = 0  # `denpex-sdk:` lines that could not be decoded
@@ -129,6 +130,18 @@ class Scanner:
         self._seq += 1
         for match in self.catalog.match_lines([raw]):
             self._add_evidence(state, parsed, match.signature, raw, self._seq)
+
+    def note_process(
+        self,
+        pid: int,
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        host: str | None = None,
+    ) -> None:
+        """What is known of one process: evidence with its pid and no rank takes its rank."""
+        if rank is not None:
+            self.rank_of_pid[pid] = rank
 
     @property
     def truncated_bytes(self) -> int:
@@ -318,6 +331,8 @@ class Scanner:
             gpus_by_bus.setdefault(bus, set()).add((gpu_host, gpu_rank))
         for evidence in self.evidence:
             event = evidence.event
+            if event.rank is None and event.pid is not None:
+                event.rank = self.rank_of_pid.get(event.pid)
             gpu_bus = pci_bus_id(evidence.captures.get("pci", ""))
             if event.rank is None and gpu_bus is not None:
                 event.rank = self.rank_of_gpu.get((event.host, gpu_bus))

@@ -18,13 +18,8 @@ from denpex.core.diagnosis import Diagnosis
 from denpex.core.wire import Registration
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.agent_link import AgentLink, job_name
-from denpex.lite.hostwatch import (
-    CGROUP_OOM_EXPLAIN,
-    CGROUP_OOM_SIGNATURE,
-    CgroupMemoryWatch,
-    KmsgWatch,
-    RunHostWatch,
-)
+from denpex.lite.hostwatch import CGROUP_OOM_EXPLAIN, CGROUP_OOM_SIGNATURE, RunHostWatch
+from denpex.lite.job_watch import JobWatch
 from denpex.lite.scanner import Scanner
 from denpex.lite.sdk_channel import SdkListener
 
@@ -62,8 +57,10 @@ class LiteSession:
         self.diagnosis: Diagnosis | None = None
         self.child_pid = child_pid
         self.notes: list[str] = list(host_watch.notes) if host_watch else []
-        self.kmsg: KmsgWatch | None = host_watch.kmsg if host_watch else None
-        self.cgroup: CgroupMemoryWatch | None = host_watch.cgroup if host_watch else None
+        self.host_watch = host_watch
+        self.job: JobWatch | None = None
+        if host_watch is not None or child_pid:
+            self.job = JobWatch(self.scanner, host_watch, child_pid)
         self.agent: AgentLink | None = None
         self.agent_since_ns = time.time_ns()
         self.sdk = sdk  # the job's SDK socket (`denpex run`), read on every tick
@@ -104,10 +101,8 @@ class LiteSession:
         )
 
     def tick(self) -> None:
-        if self.kmsg is not None:
-            state = self.scanner.stream("kmsg", host=self.scanner.default_host, source="kmsg")
-            for record in self.kmsg.poll():
-                self.scanner.add_parsed(state, record)
+        if self.job is not None:
+            self.job.tick()
         if self.sdk is not None:
             for item in self.sdk.poll():
                 self.scanner.add_sdk(item)
@@ -148,25 +143,20 @@ class LiteSession:
         self.scanner.apply_stream_defaults()
         evidence = self.scanner.evidence
         explanations = {s.id: s.explain for s in self.catalog.signatures}
-        if self.cgroup is not None:
-            found = self.cgroup.finish(
-                f"e{len(evidence) + 1}", self.scanner.default_host, self.child_pid
-            )
-            if found is not None:
-                evidence.append(found)
+        watch_stats: dict[str, int] = {}
+        if self.job is not None:
+            found, notes, watch_stats = self.job.finish(len(evidence))
+            evidence.extend(found)
+            self.notes.extend(notes)
+            if any(e.signature == CGROUP_OOM_SIGNATURE for e in found):
                 explanations[CGROUP_OOM_SIGNATURE] = CGROUP_OOM_EXPLAIN
-        if self.kmsg is not None:
-            self.kmsg.close()
-            if self.kmsg.lost_records:
-                self.notes.append(
-                    f"{self.kmsg.lost_records} kernel-log records were overwritten before denpex read them"
-                )
         evidence.extend(self._agent_evidence(len(evidence)))
         dropped = sum(self.scanner.sdk_dropped.values())
         if dropped:
             self.notes.append(f"the training SDK dropped {dropped} message(s) (queue full)")
         stats = self.scanner.stats()
         stats.setdefault("dropped_analysis_bytes", 0)
+        stats.update(watch_stats)
         stats.update(extra_stats or {})
         self.diagnosis = diagnose(
             DiagnosisInput(
@@ -189,8 +179,9 @@ class LiteSession:
         self.agent.unregister(self.child_pid)
         if self.agent.reason:
             self.notes.append(self.agent.reason)
-        seen_here = {"kmsg"} if self.kmsg is not None else set()
-        if self.cgroup is not None:
+        watch = self.host_watch
+        seen_here = {"kmsg"} if watch is not None and watch.kmsg is not None else set()
+        if watch is not None and watch.cgroup is not None:
             seen_here.add("cgroup")
         kept = [e for e in found if e.event.source not in seen_here]
         for offset, item in enumerate(kept, start=1):
