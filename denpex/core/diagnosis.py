@@ -48,6 +48,7 @@ class TimelineEntry:
     line: str
     role: str  # "cause" | "symptom" | "related" | "observed"
     severity: str = "error"
+    attribution: str | None = None  # host records: "job" or "host" (contract 3)
 
 
 @dataclass(slots=True)

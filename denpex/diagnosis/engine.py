@@ -130,9 +130,15 @@ def _timeline_entries(items: list[Evidence], roles: dict[str, str]) -> list[Time
             line=e.event.body[:2000],
             role=roles.get(e.id, "related"),
             severity=e.severity,
+            attribution=_attribution(e),
         )
         for e in items
     ]
+
+
+def _attribution(e: Evidence) -> str | None:
+    value = e.event.attrs.get("attribution")
+    return value if isinstance(value, str) else None
 
 
 def _actions(root: Evidence, cfg: RulesConfig, explanations: Mapping[str, str]) -> list[Action]:

@@ -138,6 +138,10 @@ class HangWatch:
                 text = f"py-spy dump failed: {done.stderr.decode('utf-8', 'replace').strip()}"
             self.stacks[track.rank] = text[: int(self.settings["stack_max_chars"])]
 
+    def innermost_frame(self, rank: int) -> str | None:
+        """`function (file.py:line)` where the rank's main thread was, from its py-spy dump."""
+        return innermost_frame(self.stacks.get(rank, ""))
+
     def findings(self, evidence: list[Evidence], first_failure: float | None) -> list[Evidence]:
         """Evidence of each straggler, when a collective timed out (a trigger category is in
         `evidence`) and a rank was blocked outside communication at the first failure."""
@@ -152,6 +156,9 @@ class HangWatch:
                 summary = (
                     f"rank {track.rank} running on a CPU, not in a collective, for {seconds:.0f} s"
                 )
+            frame = self.innermost_frame(track.rank)
+            if frame:
+                summary += f" in {frame}"
             attrs: dict[str, str | int | float | bool] = {
                 "blocked_in": block.state.what,
                 "state": block.state.kind,
@@ -189,3 +196,16 @@ class HangWatch:
                 )
             )
         return out
+
+
+def innermost_frame(dump: str) -> str | None:
+    """The first frame under the main thread's header in `py-spy dump` output."""
+    lines = dump.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("Thread ") and '"MainThread"' in line:
+            for frame in lines[index + 1 :]:
+                if frame.startswith("    ") and frame.strip():
+                    return frame.strip()
+                if not frame.startswith(" "):
+                    break
+    return None

@@ -11,6 +11,7 @@ is a handful of small files.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from denpex.core.collector import CollectContext
@@ -30,6 +31,10 @@ CGROUP_OOM_EXPLAIN = (
 )
 CGROUP_POLL_S = 1.0  # how often the cgroup counters are read while the job runs
 HOST_SOURCES = ("kmsg", "cgroup")  # the sources whose records carry an attribution
+# the OOM killer's report opens with "<comm> invoked oom-killer: …", which names no pid; the
+# record after it, "CPU: 1 [UID: 0 ]PID: 4242 Comm: python …", names the allocating task
+_OOM_HEADER = b" invoked oom-killer: "
+_TASK_LINE = re.compile(rb"^CPU: \d{1,5} (?:UID: \d{1,10} )?PID: (\d{1,10}) Comm: ")
 
 
 def kmsg_unavailable(roots: Roots) -> str | None:
@@ -54,6 +59,7 @@ class RunHostWatch:
         self.host = host
         self.notes: list[str] = []
         self.kmsg: KmsgCollector | None = None
+        self._oom_header: ParsedLine | None = None
         reason = kmsg_unavailable(self.roots)
         if reason is None:
             self.kmsg = KmsgCollector(self.roots)
@@ -85,7 +91,7 @@ class RunHostWatch:
         """The kernel-log records available now, as lines for the scanner (non-blocking)."""
         if self.kmsg is None:
             return []
-        lines = []
+        lines: list[ParsedLine] = []
         for event in self.kmsg.collect(self._context()):
             if not isinstance(event, Event) or event.kind != "line":
                 continue  # the collector's metrics and lost-record notes
@@ -99,7 +105,20 @@ class RunHostWatch:
                     attrs=attrs,
                 )
             )
+            self._allocator_pid(lines[-1])
         return lines
+
+    def _allocator_pid(self, line: ParsedLine) -> None:
+        """Give an OOM report's first record the pid the record after it names."""
+        if _OOM_HEADER in line.body and line.pid is None:
+            self._oom_header = line
+            return
+        header = self._oom_header
+        if header is not None:
+            found = _TASK_LINE.match(line.body)
+            if found:
+                header.pid = int(found.group(1))
+            self._oom_header = None
 
     def poll_cgroup(self, *, force: bool = False) -> None:
         """Read the job's cgroup counters (at most every CGROUP_POLL_S unless forced); an OOM

@@ -115,6 +115,7 @@ class JobWatch:
         stats = {
             "job_processes": len(procs.processes) if procs is not None else 0,
             "rank_samples": self.hangs.samples,
+            "rank_sample_us": int(self.hangs.sample_seconds * 1e6),
             "watch_ticks": self.ticks,
             "watch_us": int(self.tick_seconds * 1e6),
         }
