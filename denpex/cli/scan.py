@@ -7,7 +7,6 @@ import glob
 import os
 import signal
 import sys
-import time
 
 from denpex.cli.common import UsageError, add_report_options, catalog_for, report_options
 
@@ -27,7 +26,6 @@ examples:
 
 exit status: 0 no failure found, 1 failure diagnosed, 2 bad arguments or unreadable input.
 """
-CHUNK = 1 << 20
 
 
 def add_parser(commands) -> None:
@@ -112,116 +110,23 @@ def handle(args: argparse.Namespace) -> int:
     options = report_options(args, json_stdout=args.json)
     session = LiteSession(catalog, options, host=args.host)
     exit_code, exit_signal = _exit_from(args)
-
-    if files == ["-"]:
-        return _scan_stdin(args, session, exit_code, exit_signal)
+    if args.tee:  # the stream is copied by the relay, never slowed by the scan
+        return session.tee(
+            0, 1, host=args.host, rank=args.rank, exit_code=exit_code, exit_signal=exit_signal
+        )
     for path in files:
         if path == "-":
-            session.scanner.stream("stdin", host=args.host, rank=args.rank)
-            _read_fd(session, "stdin", sys.stdin.fileno())
+            session.scan_fd("stdin", sys.stdin.fileno(), host=args.host, rank=args.rank)
             continue
         host, rank = hints_from_path(path)
-        session.scanner.stream(
-            path,
-            host=args.host or host,
-            rank=args.rank if args.rank is not None else rank,
-        )
+        host = args.host or host
+        rank = args.rank if args.rank is not None else rank
         try:
-            with open(path, "rb") as handle_:
-                if args.follow:
-                    _follow(session, path, handle_)
-                else:
-                    while chunk := handle_.read(CHUNK):
-                        session.scanner.feed(path, chunk)
+            if args.follow:
+                session.follow(path, host=host, rank=rank)
+            else:
+                session.scan_file(path, host=host, rank=rank)
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     diagnosis = session.conclude(exit_code, exit_signal)
     return 1 if diagnosis.status == "failed" else 0
-
-
-def _read_fd(session, name: str, fd: int) -> None:
-    while chunk := os.read(fd, CHUNK):
-        session.scanner.feed(name, chunk)
-
-
-def _follow(session, path: str, handle_) -> None:
-    """Read to the end, then keep polling for growth until SIGINT/SIGTERM."""
-    stop = {"now": False}
-
-    def request_stop(signum, frame) -> None:
-        stop["now"] = True
-
-    previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    reported = 0
-    try:
-        while not stop["now"]:
-            chunk = handle_.read(CHUNK)
-            if chunk:
-                session.scanner.feed(path, chunk)
-                reported = _print_new_failures(session, reported)
-                continue
-            try:
-                if os.stat(path).st_size < handle_.tell():  # truncated or rotated in place
-                    handle_.seek(0)
-            except FileNotFoundError:
-                pass
-            time.sleep(0.25)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _print_new_failures(session, already: int) -> int:
-    evidence = session.scanner.evidence
-    for item in evidence[already:]:
-        if item.is_failure and session.options.text:
-            where = " ".join(
-                p
-                for p in (
-                    item.event.host or "",
-                    f"r{item.event.rank}" if item.event.rank is not None else "",
-                )
-                if p
-            )
-            print(f"denpex: [{item.id}] {item.category} {where}: {item.summary}", file=sys.stderr)
-    return len(evidence)
-
-
-def _scan_stdin(args, session, exit_code, exit_signal) -> int:
-    """stdin is scanned in-process unless --tee, which must never slow the stream it copies."""
-    if not args.tee:
-        session.scanner.stream("stdin", host=args.host, rank=args.rank)
-        _read_fd(session, "stdin", 0)
-        diagnosis = session.conclude(exit_code, exit_signal)
-        return 1 if diagnosis.status == "failed" else 0
-    from denpex.lite.runner import tee_stream
-
-    def factory(_pid):
-        session.scanner.stream("stdout", host=args.host, rank=args.rank)
-        return _TeeSession(session, exit_code, exit_signal)
-
-    result = tee_stream(0, 1, session_factory=factory)
-    if result.analysis_status not in (0, 1):
-        return 2  # the analysis itself failed; it said why on stderr
-    return result.analysis_status
-
-
-class _TeeSession:
-    """Adapts LiteSession to the runner for `--tee`: the stream's end is not a job's exit."""
-
-    def __init__(self, session, exit_code, exit_signal) -> None:
-        self.session = session
-        self.exit_code = exit_code
-        self.exit_signal = exit_signal
-
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
-        self.session.feed(stream, data, gap)
-
-    def tick(self) -> None:
-        pass
-
-    def finish(self, result) -> int:
-        """Returns the exit status `denpex scan` must end with (0 ok, 1 failure found)."""
-        stats = {"dropped_analysis_bytes": int(result.bytes_dropped)}
-        diagnosis = self.session.conclude(self.exit_code, self.exit_signal, stats)
-        return 1 if diagnosis.status == "failed" else 0

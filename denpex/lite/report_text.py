@@ -228,6 +228,8 @@ def _render_ok(out: _Lines, diag: dict[str, Any], ended: str) -> None:
         noun = "warning" if total == 1 else "warnings"
         out.para((f"{total} {noun} seen, none of them a failure: {kinds}{more}", "dim"), hang=4)
     _render_dropped(out, diag.get("stats"))
+    for note in [clean_text(n) for n in diag.get("notes") or []][:3]:  # what was not read
+        out.para((f"note: {note}", ""), indent=0, hang=2)
 
 
 def _render_failed(out: _Lines, diag: dict[str, Any], rc: dict[str, Any], ended: str) -> None:

@@ -7,6 +7,7 @@ reads what it is fed and writes the reports it was asked for; it never touches t
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -20,7 +21,8 @@ from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.agent_link import AgentLink, job_name
 from denpex.lite.hostwatch import CGROUP_OOM_EXPLAIN, CGROUP_OOM_SIGNATURE, RunHostWatch
 from denpex.lite.job_watch import JobWatch
-from denpex.lite.scanner import Scanner
+from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
+from denpex.lite.scanner import LINE_CAP, Scanner
 from denpex.lite.sdk_channel import SdkListener
 
 STREAM_NAMES = {1: "stdout", 2: "stderr"}
@@ -64,6 +66,8 @@ class LiteSession:
         self.agent: AgentLink | None = None
         self.agent_since_ns = time.time_ns()
         self.sdk = sdk  # the job's SDK socket (`denpex run`), read on every tick
+        self.inputs = InputNotes()
+        self._tails: dict[str, LongLineTails] = {}
 
     @classmethod
     def for_run(
@@ -93,12 +97,123 @@ class LiteSession:
                 session.agent = link
         return session
 
+    # -- input ---------------------------------------------------------------------------
+    def _scan(self, name: str, data: bytes, *, gap: bool = False, arrival_ns: int | None = None):
+        """Scan a chunk of stream `name`, and the tails of its lines past the scanner's cap."""
+        scanner = self.scanner
+        before = scanner.truncated_bytes
+        scanner.feed(name, data, gap=gap, arrival_ns=arrival_ns)
+        tails = self._tails.get(name)
+        if tails is None:
+            tails = self._tails[name] = LongLineTails(LINE_CAP)
+        if gap:
+            tails.length, tails.tail = 0, bytearray()
+        self._scan_tails(name, tails.feed(data, scanner.truncated_bytes > before), arrival_ns)
+
+    def _scan_tails(self, name: str, tails: list[bytes], arrival_ns: int | None = None) -> None:
+        if not tails:
+            return
+        state = self.scanner.stream(name)
+        tail_name = f"{name} (ends of long lines)"
+        self.scanner.stream(tail_name, host=state.host, rank=state.rank, source=state.source)
+        self.scanner.feed(tail_name, b"\n".join(tails) + b"\n", arrival_ns=arrival_ns)
+
+    def scan_file(self, path: str, *, host: str | None = None, rank: int | None = None) -> None:
+        """Scan a whole file (OSError when it cannot be read)."""
+        self.scanner.stream(path, host=host, rank=rank)
+        with open(path, "rb") as handle:
+            read_all(path, handle, lambda chunk: self._scan(path, chunk), self.inputs)
+
+    def scan_fd(
+        self, name: str, fd: int, *, host: str | None = None, rank: int | None = None
+    ) -> None:
+        """Scan a descriptor (stdin) to its end."""
+        self.scanner.stream(name, host=host, rank=rank)
+        read_all(name, fd, lambda chunk: self._scan(name, chunk), self.inputs)
+
+    def follow(self, path: str, *, host: str | None = None, rank: int | None = None) -> None:
+        """Scan a growing file until SIGINT or SIGTERM, printing each failure as it appears."""
+        self.scanner.stream(path, host=host, rank=rank)
+        stop = {"now": False}
+
+        def request_stop(signum: int, frame: object) -> None:
+            stop["now"] = True
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        shown = [0]
+
+        def feed(chunk: bytes) -> None:
+            self.inputs.total_bytes += len(chunk)
+            self._scan(path, chunk)
+            shown[0] = self._print_new_failures(shown[0])
+
+        try:
+            follow(path, feed, lambda: stop["now"])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.inputs.total_bytes == 0:
+            self.inputs.empty.append(path)
+
+    def _print_new_failures(self, already: int) -> int:
+        evidence = self.scanner.evidence
+        for item in evidence[already:]:
+            if item.is_failure and self.options.text:
+                event = item.event
+                rank = f"r{event.rank}" if event.rank is not None else ""
+                where = " ".join(p for p in (event.host or "", rank) if p)
+                print(
+                    f"denpex: [{item.id}] {item.category} {where}: {item.summary}", file=sys.stderr
+                )
+        return len(evidence)
+
+    def tee(
+        self,
+        in_fd: int,
+        out_fd: int,
+        *,
+        host: str | None = None,
+        rank: int | None = None,
+        exit_code: int | None = None,
+        exit_signal: int | None = None,
+    ) -> int:
+        """Copy `in_fd` to `out_fd` byte for byte while the analyzer process scans it (the
+        copy never waits for analysis); the status `denpex scan` exits with: 0 no failure,
+        1 failure, 2 analysis failed."""
+        from denpex.lite.runner import RunResult, tee_stream
+
+        session = self
+        name = STREAM_NAMES[1]
+
+        class _Tee:
+            """The runner's session protocol for a stream whose end is not a job's exit."""
+
+            def feed(self, stream: int, data: bytes, gap: bool) -> None:
+                session.inputs.total_bytes += len(data)
+                session.feed(stream, data, gap)
+
+            def tick(self) -> None:
+                pass
+
+            def finish(self, result: RunResult) -> int:
+                if session.inputs.total_bytes == 0:
+                    session.inputs.empty.append("stdin")
+                stats = {"dropped_analysis_bytes": int(result.bytes_dropped)}
+                diagnosis = session.conclude(exit_code, exit_signal, stats)
+                return 1 if diagnosis.status == "failed" else 0
+
+        def factory(_pid: int | None) -> _Tee:
+            session.scanner.stream(name, host=host, rank=rank)
+            return _Tee()
+
+        result = tee_stream(in_fd, out_fd, session_factory=factory)
+        return result.analysis_status if result.analysis_status in (0, 1) else 2
+
     # -- the runner's AnalysisSession protocol ---------------------------------------------
     def feed(self, stream: int, data: bytes, gap: bool) -> None:
         # a live stream: lines without a time of their own get the time they arrived
-        self.scanner.feed(
-            STREAM_NAMES.get(stream, f"fd{stream}"), data, gap=gap, arrival_ns=time.time_ns()
-        )
+        name = STREAM_NAMES.get(stream, f"fd{stream}")
+        self._scan(name, data, gap=gap, arrival_ns=time.time_ns())
 
     def tick(self) -> None:
         if self.job is not None:
@@ -139,6 +254,8 @@ class LiteSession:
         exit_signal: int | None,
         extra_stats: dict[str, int] | None = None,
     ) -> Diagnosis:
+        for name, tails in self._tails.items():
+            self._scan_tails(name, tails.flush())
         self.scanner.close_all()
         self.scanner.apply_stream_defaults()
         evidence = self.scanner.evidence
@@ -158,6 +275,9 @@ class LiteSession:
         stats.setdefault("dropped_analysis_bytes", 0)
         stats.update(watch_stats)
         stats.update(extra_stats or {})
+        every_tail = list(self._tails.values())
+        self.notes.extend(self.inputs.notes(every_tail, LINE_CAP))
+        stats.update({k: v for k, v in self.inputs.counts(every_tail).items() if v})
         self.diagnosis = diagnose(
             DiagnosisInput(
                 evidence=evidence,

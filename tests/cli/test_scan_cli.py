@@ -195,3 +195,31 @@ def test_follow_reports_failures_as_they_appear(tmp_path):
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
     assert proc.returncode == 1
+
+
+def test_scan_says_what_it_could_not_read(tmp_path, validate_diagnosis):
+    empty, binary = tmp_path / "empty.log", tmp_path / "core.bin"
+    empty.write_bytes(b"")
+    binary.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(range(256)) * 64)
+    for path, said in ((empty, "is empty: nothing was scanned"), (binary, "NUL bytes")):
+        result = denpex("scan", str(path))
+        assert result.returncode == 0  # nothing found is still exit 0 …
+        text = " ".join(result.stderr.decode().split())  # as read, whatever the wrapping
+        assert "OK" in text and said in text, text  # … but never a bare OK
+        data = json.loads(denpex("scan", "--json", "-q", str(path)).stdout)
+        validate_diagnosis(data)
+        assert any(said in note for note in data["notes"]), data["notes"]
+
+
+def test_an_error_at_the_end_of_a_ten_megabyte_line_is_found(tmp_path, validate_diagnosis):
+    log = tmp_path / "one_line.log"
+    log.write_bytes(
+        b"x" * (10 << 20) + b" torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        b"2.00 GiB\nstep 2\n"
+    )
+    result = denpex("scan", "--json", "-q", str(log))
+    data = json.loads(result.stdout)
+    validate_diagnosis(data)
+    assert result.returncode == 1 and data["root_cause"]["category"] == "cuda.oom"
+    assert data["stats"]["long_lines"] == 1
+    assert any("longer than 64 KiB" in note for note in data["notes"]), data["notes"]
