@@ -1,16 +1,19 @@
 """The node agent: collectors → pipeline → local API, Prometheus, OTLP and the spool.
 
-`Agent` owns the pieces and their lifecycle (start, reload on SIGHUP, stop); it never reads
-a source itself. A collector that is unavailable here is listed with its reason and the
+`Agent` owns the pieces and their lifecycle (start, `serve` until a signal, reload on
+SIGHUP, stop); it never reads a source itself. A collector that is unavailable here is listed with its reason and the
 rest run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from denpex.agent.api import AgentApi
@@ -224,6 +227,52 @@ class Agent:
             self.api = AgentApi(config.listen, self.view, self.health, self.refresh)
             self.api.start()
         self._start_scheduler()
+
+    def serve(
+        self,
+        reload_config: Callable[[], AgentConfig],
+        say: Callable[[str], None],
+    ) -> None:
+        """Run until SIGTERM or SIGINT (main thread only), reloading on SIGHUP with the
+        configuration `reload_config()` returns; a reload that raises keeps the old settings
+        and `say`s why. Call after start(); stops the agent before returning."""
+        # handlers only set flags (taking a lock in a handler can deadlock the thread it
+        # interrupted); the C-level handler writes to the wake-up pipe the main thread sleeps on
+        flags = {"stop": False, "reload": False}
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        previous_wakeup = signal.set_wakeup_fd(wake_write)
+
+        def on_signal(flag: str) -> Callable[..., None]:
+            def handler(*_: object) -> None:
+                flags[flag] = True
+                with contextlib.suppress(OSError):  # one more turn of the loop, after the flag
+                    os.write(wake_write, b"!")
+
+            return handler
+
+        handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        previous = {sig: signal.getsignal(sig) for sig in handled}
+        signal.signal(signal.SIGTERM, on_signal("stop"))
+        signal.signal(signal.SIGINT, on_signal("stop"))
+        signal.signal(signal.SIGHUP, on_signal("reload"))
+        try:
+            while not flags["stop"]:
+                os.read(wake_read, 512)  # no timeout: an idle agent does not wake for nothing
+                if flags["reload"]:
+                    flags["reload"] = False
+                    try:
+                        self.reload(reload_config())
+                        say("configuration reloaded")
+                    except Exception as exc:  # a bad file must not stop a running agent
+                        say(f"reload refused, keeping the old settings: {exc}")
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_wakeup)
+            os.close(wake_read)
+            os.close(wake_write)
+            self.stop()
 
     def collect_once(self) -> tuple[list[Event], list[Evidence]]:
         """One poll of every available collector: (events, evidence), for `--once`."""

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import signal
 import sys
 
 from denpex.cli.common import UsageError
@@ -126,37 +123,10 @@ def handle(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    # handlers only set flags (taking a lock in a handler can deadlock the thread it
-    # interrupted); the C-level handler writes to the wake-up pipe the main thread sleeps on
-    flags = {"stop": False, "reload": False}
-    wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write)
-
-    def on_signal(flag: str):
-        def handler(*_: object) -> None:
-            flags[flag] = True
-            with contextlib.suppress(OSError):  # one more turn of the loop, after the flag
-                os.write(wake_write, b"!")
-
-        return handler
-
-    signal.signal(signal.SIGTERM, on_signal("stop"))
-    signal.signal(signal.SIGINT, on_signal("stop"))
-    signal.signal(signal.SIGHUP, on_signal("reload"))
-    while not flags["stop"]:
-        os.read(wake_read, 512)  # no timeout: an idle agent does not wake to find nothing
-        if flags["reload"]:
-            flags["reload"] = False
-            try:
-                agent.reload(load(args))
-                print("denpex agent: configuration reloaded", file=sys.stderr, flush=True)
-            except UsageError as exc:
-                print(
-                    f"denpex agent: reload refused, keeping the old settings: {exc}",
-                    file=sys.stderr,
-                )
-    agent.stop()
+    agent.serve(
+        lambda: load(args),
+        lambda text: print(f"denpex agent: {text}", file=sys.stderr, flush=True),
+    )
     return 0
 
 
