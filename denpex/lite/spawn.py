@@ -1,0 +1,144 @@
+"""Starting the job for `denpex run`: pipes or a PTY, its own process group or session, a
+parent-death signal, and standard descriptors that are never reused by our own pipes.
+
+Never changes the environment it is given; a child that cannot start leaves nothing
+behind (every descriptor opened for it is closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import termios
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from denpex.lite.terminal import RawStdin, StdinPump, copy_winsize
+
+PIPE_BYTES = 1 << 20  # pipes are enlarged to the relay's largest read
+_PR_SET_PDEATHSIG = 1
+
+_libc: ctypes.CDLL | None = None
+
+
+def _pipe() -> tuple[int, int]:
+    """A pipe (non-inheritable) whose buffer is as large as allowed, up to one chunk."""
+    r, w = os.pipe()
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/fs/pipe-max-size") as f:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, min(PIPE_BYTES, int(f.read())))
+    return r, w
+
+
+def fd_valid(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def hold_std_fds() -> list[int]:
+    """Open /dev/null on each closed standard fd; the fds to close after the run."""
+    held = []
+    for fd in (0, 1, 2):
+        if not fd_valid(fd):
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd, inheritable=False)
+                os.close(null)
+            held.append(fd)
+    return held
+
+
+def preexec_for(controlling_tty: bool) -> Callable[[], None]:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    libc, parent = _libc, os.getpid()
+
+    def preexec() -> None:  # in the child, after setsid/setpgid, before exec
+        if controlling_tty:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # denpex died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+@dataclass
+class Child:
+    proc: subprocess.Popen
+    sources: dict[int, tuple[int, int]]  # our read end -> (destination fd, stream)
+    stdin: StdinPump
+    master: int = -1
+
+
+def spawn_pipes(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: bool) -> Child:
+    out_r, out_w = _pipe()
+    err_r, err_w = _pipe()
+    in_r, in_w = _pipe() if stdin_ok else (subprocess.DEVNULL, -1)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=in_r,
+            stdout=out_w,
+            stderr=err_w,
+            env=env,
+            close_fds=True,
+            process_group=0,
+            preexec_fn=preexec_for(False),
+        )
+    except BaseException:
+        for fd in (out_r, err_r, in_w):
+            if fd >= 0:
+                os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, in_r):
+            if fd >= 0:
+                os.close(fd)
+    for fd in (out_r, err_r, in_w):
+        if fd >= 0:
+            os.set_blocking(fd, False)
+    return Child(proc, {out_r: (1, 1), err_r: (2, 2)}, StdinPump(in_w, False, b"", raw))
+
+
+def spawn_pty(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: bool) -> Child:
+    master, slave = os.openpty()
+    try:
+        if os.isatty(0):  # the child sees our terminal's settings, like script(1) does
+            with contextlib.suppress(termios.error):
+                termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(0))
+        copy_winsize(master)
+        veof = termios.tcgetattr(slave)[6][termios.VEOF]
+        proc = subprocess.Popen(
+            argv,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            close_fds=True,
+            start_new_session=True,
+            preexec_fn=preexec_for(True),
+        )
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    os.set_blocking(master, False)
+    stdin = StdinPump(master if stdin_ok else -1, True, veof, raw)
+    return Child(proc, {master: (1, 1)}, stdin, master)
+
+
+def spawn_failed(name: str, exc: OSError) -> int:
+    reason = exc.strerror or str(exc)
+    print(f"denpex: cannot run {name!r}: {reason}", file=sys.stderr, flush=True)
+    return 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR) else 126
