@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from denpex.lite.analysis_channel import ANALYSIS_FAILED, AnalysisRing, Analyzer
+from denpex.lite.analysis_channel import ANALYSIS_FAILED, Analyzer
+from denpex.lite.analysis_ring import AnalysisRing
 
 HDR = 8
 

@@ -1,0 +1,275 @@
+"""The analysis ring: a bounded single-producer/single-consumer byte ring in shared memory,
+from the relay to the forked analyzer.
+
+The relay (producer) must never block, wait or slow down on this ring: when it lacks space a
+chunk is dropped from *analysis* (counted, flagged as a gap), never from the job's output.
+
+Why hand-written: analysis is pure-Python, CPU-bound and holds the GIL, so it runs in its own
+process; the standard library and PyPI offer no single-producer/single-consumer byte ring that
+works across fork() for Python (multiprocessing queues pickle, lock and can block the writer).
+
+Layout of the MAP_SHARED mapping (created before fork), native 8-byte aligned words:
+  producer line: write_pos, produced, dropped_bytes, dropped_chunks, producer_done, producer_waiting
+  consumer line: read_pos, consumer_sleeping;   then the data area (capacity, a multiple of 8).
+Positions are monotonic byte counters. A record is [u32 length][u8 stream][u8 flags][2 pad]
+[payload padded to 8]; bit 0 of flags means analysis data was dropped just before it. A record
+may wrap: its payload continues at the start of the data area. The producer writes the record,
+then publishes write_pos; the consumer reads write_pos, copies the payload out, then publishes
+read_pos. Each position is stored with one aligned 8-byte store (x86-64 keeps store order; on a
+weakly ordered CPU the worst case is a garbled *analysis* chunk: lengths are validated).
+Wake-ups: one byte on a non-blocking pipe when the other side says it sleeps; sleepers use a
+timeout of at most 100 ms, which also covers a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import select
+import struct
+from collections.abc import Callable, Sequence
+
+GAP = 1  # record flag: analysis data was dropped just before this record
+TAIL_BYTES = 64 << 10  # per stream: newest dropped bytes handed to analysis after the run
+
+_REC = struct.Struct("=IBBxx")
+# Header words, as indexes into a memoryview cast to "Q": an item is read or written with one
+# aligned 8-byte access. (Never struct.pack_into here: it zeroes the field before writing it.)
+_W, _PRODUCED, _DROPPED, _DROPPED_CHUNKS, _DONE, _PWAIT = range(6)  # the producer's cache line
+_R, _CSLEEP = 8, 9  # the consumer's cache line
+_DATA = 128
+_HDR = _REC.size
+
+
+class RingCorrupt(RuntimeError):
+    """A record header that cannot be right (only possible on weakly ordered CPUs)."""
+
+
+def _poke(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, BrokenPipeError):
+        os.write(fd, b"\0")
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(fd, 4096):
+            pass
+
+
+class _Tail:
+    """The newest bytes of one stream that analysis had to drop (a circular buffer)."""
+
+    __slots__ = ("buf", "filled", "pos")
+
+    def __init__(self, size: int) -> None:
+        self.buf = bytearray(size)
+        self.pos = self.filled = 0
+
+    def keep(self, data: memoryview) -> None:
+        n, size, pos = len(data), len(self.buf), self.pos
+        if n >= size:
+            self.buf[:] = data[n - size :]
+            self.pos, self.filled = 0, size
+            return
+        k = min(n, size - pos)
+        self.buf[pos : pos + k] = data[:k]
+        self.buf[: n - k] = data[k:]
+        self.pos, self.filled = (pos + n) % size, min(size, self.filled + n)
+
+    def take(self) -> bytes:
+        buf, pos = self.buf, self.pos
+        data = bytes(buf[:pos]) if self.filled < len(buf) else bytes(buf[pos:] + buf[:pos])
+        self.pos = self.filled = 0
+        return data
+
+
+class AnalysisRing:
+    """Single-producer/single-consumer byte ring in an anonymous shared mapping."""
+
+    def __init__(self, capacity: int = 8 << 20) -> None:
+        self.capacity = max(4096, capacity - capacity % 8)
+        self._mm = mmap.mmap(-1, _DATA + self.capacity)  # MAP_SHARED | MAP_ANONYMOUS
+        self._mv = memoryview(self._mm)
+        self._data = self._mv[_DATA:]
+        self._words = self._mv[:_DATA].cast("Q")
+        flags = os.O_NONBLOCK | os.O_CLOEXEC
+        self._notify_r, self._notify_w = os.pipe2(flags)  # producer -> sleeping consumer
+        self._space_r, self._space_w = os.pipe2(flags)  # consumer -> waiting producer
+        self._w = 0  # producer-private copies of the producer words
+        self._produced = self._dropped = self._dropped_chunks = 0
+        self._gap = False
+        self._tails: dict[int, _Tail] = {}  # per stream: newest dropped bytes (producer only)
+        self._r = 0  # consumer-private copy of read_pos
+
+    # ---- producer side: never blocks (except wait_for_space, used only by lossless scans)
+    def reserve(self, max_len: int, min_len: int = 1) -> tuple[memoryview, ...] | None:
+        """Views of free space for up to max_len payload bytes, or None if < min_len fit."""
+        cap = self.capacity
+        free = cap - (self._w - self._words[_R]) - _HDR
+        n = min(max_len, free & ~7)
+        if n < min_len or n <= 0:
+            return None
+        start = (self._w + _HDR) % cap
+        end = start + n
+        if end <= cap:
+            return (self._data[start:end],)
+        return (self._data[start:], self._data[: end - cap])
+
+    def commit(self, stream: int, n: int) -> None:
+        """Publish n payload bytes written into the views of the last reserve()."""
+        mm = self._mm
+        _REC.pack_into(mm, _DATA + self._w % self.capacity, n, stream, GAP if self._gap else 0)
+        self._gap = False
+        if self._tails and stream in self._tails:
+            self._tails[stream].pos = self._tails[stream].filled = 0  # older than this record
+        self._w += _HDR + ((n + 7) & ~7)
+        self._produced += n
+        words = self._words
+        words[_PRODUCED] = self._produced
+        words[_W] = self._w
+        if words[_CSLEEP]:
+            _poke(self._notify_w)
+
+    def drop(self, n: int, stream: int = 1, data: memoryview | None = None) -> None:
+        """Count n bytes that analysis will not see; the next record carries the gap flag.
+
+        data (the dropped bytes): the newest TAIL_BYTES of them are kept for push_tails()."""
+        if data is not None:
+            tail = self._tails.get(stream)
+            if tail is None:
+                tail = self._tails[stream] = _Tail(TAIL_BYTES)
+            tail.keep(data)
+        self._produced += n
+        self._dropped += n
+        self._dropped_chunks += 1
+        self._gap = True
+        self._publish_stats()
+
+    def push_tails(self, room: Callable[[int], bool]) -> None:
+        """After the last chunk: push the newest dropped bytes of each stream (a failure's last
+        words are at the end) that no later record covers, where room(n) gets space for n."""
+        for stream, tail in self._tails.items():
+            data = tail.take()[-(self.capacity // 4) :]
+            if data and room(len(data)) and self.push(stream, data, gap=True):
+                self._produced -= len(data)  # counted once already, as dropped
+                self._dropped -= len(data)
+        self._publish_stats()
+
+    def push(self, stream: int, data: bytes | bytearray | memoryview, gap: bool = False) -> bool:
+        """Copy data into the ring (split into records of at most capacity/2); False = dropped.
+
+        gap: mark the first record as following lost data."""
+        self._gap = self._gap or gap
+        view = memoryview(data).cast("B")
+        limit = self.capacity // 2
+        while len(view):
+            piece = view[:limit]
+            views = self.reserve(len(piece), len(piece))
+            if views is None:
+                self.drop(len(view))
+                return False
+            first = len(views[0])
+            views[0][:] = piece[:first]
+            if len(views) > 1:
+                views[1][:] = piece[first:]
+            self.commit(stream, len(piece))
+            view = view[len(piece) :]
+        return True
+
+    def wait_for_space(self, nbytes: int, timeout: float) -> bool:
+        """Lossless producers only: wait up to timeout for room for nbytes of payload."""
+        if self.reserve(nbytes, nbytes) is not None:
+            return True
+        self._words[_PWAIT] = 1
+        try:
+            if self.reserve(nbytes, nbytes) is None:
+                select.select([self._space_r], [], [], timeout)
+                _drain(self._space_r)
+        finally:
+            self._words[_PWAIT] = 0
+        return self.reserve(nbytes, nbytes) is not None
+
+    def _publish_stats(self) -> None:
+        words = self._words
+        words[_PRODUCED], words[_DROPPED] = self._produced, self._dropped
+        words[_DROPPED_CHUNKS] = self._dropped_chunks
+
+    def finish_producer(self) -> None:
+        """No more records will come: set producer_done and wake the consumer."""
+        self._words[_DONE] = 1
+        _poke(self._notify_w)
+
+    @property
+    def dropped_bytes(self) -> int:
+        return self._dropped
+
+    @property
+    def dropped_chunks(self) -> int:
+        return self._dropped_chunks
+
+    # ---- consumer side
+    @property
+    def producer_done(self) -> bool:
+        return bool(self._words[_DONE])
+
+    def stats(self) -> tuple[int, int, int]:
+        """(bytes produced, bytes dropped, chunks dropped) as last published."""
+        words = self._words
+        return words[_PRODUCED], words[_DROPPED], words[_DROPPED_CHUNKS]
+
+    def pop(self) -> tuple[int, bytes, bool] | None:
+        """Next record as (stream, payload, gap), or None when the ring is empty."""
+        w = self._words[_W]
+        r = self._r
+        if r == w:
+            return None
+        cap = self.capacity
+        off = r % cap
+        n, stream, flags = _REC.unpack_from(self._mm, _DATA + off)
+        size = _HDR + ((n + 7) & ~7)
+        if size > w - r or n > cap - _HDR:
+            raise RingCorrupt(f"record of {n} bytes at {r} with {w - r} published")
+        start = (off + _HDR) % cap
+        end = start + n
+        if end <= cap:
+            data = bytes(self._data[start:end])
+        else:
+            data = bytes(self._data[start:]) + bytes(self._data[: end - cap])
+        self._release(r + size)
+        return stream, data, bool(flags & GAP)
+
+    def discard_all(self) -> None:
+        """Skip everything published so far (used once analysis has failed)."""
+        self._release(self._words[_W])
+
+    def _release(self, r: int) -> None:
+        self._r = r
+        self._words[_R] = r
+        if self._words[_PWAIT]:
+            _poke(self._space_w)
+
+    def wait(self, timeout: float, extra_fds: Sequence[int] = ()) -> list[int]:
+        """Sleep until data is published or an extra fd is readable; ≤ timeout seconds.
+
+        Returns the extra fds that are readable."""
+        words = self._words
+        words[_CSLEEP] = 1
+        try:
+            if words[_W] != self._r:
+                return []
+            ready, _, _ = select.select([self._notify_r, *extra_fds], [], [], timeout)
+        finally:
+            words[_CSLEEP] = 0
+        _drain(self._notify_r)
+        return [fd for fd in ready if fd != self._notify_r]
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
+            self._words.release()
+            self._data.release()
+            self._mv.release()
+            self._mm.close()
+        for fd in (self._notify_r, self._notify_w, self._space_r, self._space_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
