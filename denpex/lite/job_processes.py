@@ -131,7 +131,7 @@ class JobProcesses:
     def knows(self, pid: int) -> bool:
         """True when `pid` is (or was) one of the job's processes; a live process not seen
         yet is looked up through its parents, so a short-lived one is not missed."""
-        if pid in self.processes:
+        if pid in self.processes or pid == self.root_pid:
             return True
         seen = set()
         current = pid

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from denpex.core.kmsg import TEST_KMSG_ENV, TEST_MARKER
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "failing_job.py"
 
@@ -88,15 +90,20 @@ def test_no_analysis_only_wraps():
 
 
 KMSG_OK = os.geteuid() == 0 and os.access("/dev/kmsg", os.R_OK | os.W_OK)
+WRITES_KMSG = pytest.mark.skipif(
+    not KMSG_OK or os.environ.get(TEST_KMSG_ENV) != "1",
+    reason="writes the host's kernel log: needs root and DENPEX_TEST_KMSG=1",
+)
 
 
-@pytest.mark.skipif(not KMSG_OK, reason="needs root and a writable /dev/kmsg")
-def test_xid_in_the_kernel_log_during_the_run_is_the_root_cause(tmp_path, validate_diagnosis):
+@WRITES_KMSG
+def test_xid_of_the_jobs_own_process_is_the_root_cause(tmp_path, validate_diagnosis):
     report = tmp_path / "xid.json"
-    job = textwrap.dedent("""
-        import sys, time
+    job = textwrap.dedent(f"""
+        import os, sys, time
         with open('/dev/kmsg', 'w') as k:
-            k.write('<3>NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.\\n')
+            k.write(f'<3>NVRM: Xid (PCI:0000:3b:00): 79, pid={{os.getpid()}}, name=python, '
+                    'GPU has fallen off the bus. {TEST_MARKER}\\n')
         time.sleep(0.5)
         print('RuntimeError: CUDA error: unspecified launch failure', file=sys.stderr)
         sys.exit(1)
@@ -109,8 +116,31 @@ def test_xid_in_the_kernel_log_during_the_run_is_the_root_cause(tmp_path, valida
     assert data["root_cause"]["rule"] == "hardware_first"
     kernel = [t for t in data["timeline"] if t["source"] == "kmsg"]
     assert kernel and kernel[0]["role"] == "cause"
+    assert kernel[0]["attribution"] == "job"  # the Xid names one of the job's processes
     # written from user space, so trusted less than a record from the kernel itself
     assert data["root_cause"]["confidence"] < 0.9
+
+
+@WRITES_KMSG
+def test_a_marked_test_line_is_ignored_outside_a_test_run(tmp_path):
+    report = tmp_path / "x.json"
+    job = (
+        "import sys, time; open('/dev/kmsg', 'w').write("
+        f"'<3>NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus. {TEST_MARKER}\\n'"
+        "); time.sleep(0.5)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != TEST_KMSG_ENV}
+    argv = [sys.executable, "-m", "denpex", "run", "--no-pty", "-q", "--report", str(report)]
+    result = subprocess.run(
+        [*argv, "--", sys.executable, "-c", job],
+        capture_output=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["status"] == "ok" and not [t for t in data["timeline"] if t["source"] == "kmsg"]
 
 
 def _memory_cgroup_root() -> Path | None:

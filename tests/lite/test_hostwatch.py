@@ -145,3 +145,21 @@ def test_cgroup_counters_are_the_jobs_unless_the_cgroup_is_the_root(tmp_path):
     event = Event(body="oom_kill 1 -> 2", source="cgroup", kind="state")
     assert attribution(event, job, "/slurm/job42") == "job"
     assert attribution(event, job, "/") == "host"
+
+
+@pytest.mark.skipif(
+    not os.access("/dev/kmsg", os.R_OK | os.W_OK) or os.environ.get("DENPEX_TEST_KMSG") != "1",
+    reason="writes the host's kernel log: needs root and DENPEX_TEST_KMSG=1",
+)
+def test_real_kernel_log_records_written_after_the_watch_opened():
+    watch = RunHostWatch(host="node1")
+    assert watch.kmsg is not None
+    line = f"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off {TEST_MARKER}"
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(f"{line} {os.getpid()}\n")
+    records = [r for r in watch.kernel_records() if str(os.getpid()).encode() in r.body]
+    watch.close()
+    assert len(records) == 1
+    [record] = records
+    assert record.source == "kmsg" and record.attrs.get("userspace") is True
+    assert record.pid == 1 and record.ts_ns is not None and watch.lost_records == 0
