@@ -71,7 +71,9 @@ def _raw(seq: int, message: str) -> bytes:
     return format_record(KmsgRecord(0, 3, seq, seq * 1000, "-", message))
 
 
-def test_kernel_records_come_through_the_collector_and_lost_ones_are_counted_by_seq(tmp_path):
+def test_kernel_records_come_through_the_collector_and_lost_ones_are_counted_by_seq(
+    tmp_path, monkeypatch
+):
     roots, _ = make_tree(tmp_path, "v1")
     (tmp_path / "dev" / "kmsg").write_bytes(b"")  # opens like the device; records are scripted
     watch = RunHostWatch(roots, host="node1")
@@ -84,7 +86,7 @@ def test_kernel_records_come_through_the_collector_and_lost_ones_are_counted_by_
     [first] = watch.kernel_records()
     assert (first.source, first.pid, first.body[:13]) == ("kmsg", 4242, b"Out of memory")
     assert first.attrs["kmsg_seq"] == 5 and first.ts_ns is not None
-    os.environ.pop("DENPEX_TEST_KMSG", None)
+    monkeypatch.delenv("DENPEX_TEST_KMSG", raising=False)
     assert watch.kernel_records() == []  # a test's marked line, outside a test run: ignored
     assert watch.lost_records == 3  # seq 6, 7 and 8 were overwritten (not: one per EPIPE)
 
