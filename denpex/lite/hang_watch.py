@@ -125,7 +125,7 @@ class HangWatch:
                 continue
             try:
                 done = subprocess.run(
-                    [spy, "dump", "--pid", str(track.pid)],
+                    [spy, "dump", "--nonblocking", "--pid", str(track.pid)],  # never pauses it
                     capture_output=True,
                     timeout=timeout,
                     stdin=subprocess.DEVNULL,

