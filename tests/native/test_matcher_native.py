@@ -7,7 +7,6 @@ bytes; every random test prints its seed so that a failure can be replayed.
 from __future__ import annotations
 
 import random
-import time
 from functools import cache
 
 import pytest
@@ -196,19 +195,10 @@ def test_scan_lines_keeps_each_given_line_whole():
     assert native.scan_lines(lines) == naive(patterns, lines)
 
 
-def test_long_line_full_of_literals_is_linear():
+def test_long_line_full_of_literals():
+    """Every line is found (its cost, and the compile time, are measured by
+    benchmarks/bench_matcher.py: `literal_dense_*` and `compile_s`)."""
     native, _ = matchers()
     line = b"RuntimeError: CUDA out of memory. " * 1900  # 64 KB, a literal every 34 bytes
-    started = time.perf_counter()
     pairs = native.scan(b"\n".join([line] * 16))
-    elapsed = time.perf_counter() - started
     assert {li for li, _ in pairs} == set(range(16))
-    assert elapsed < 2.0, f"{elapsed:.2f} s for 1 MB of 64 KB lines"
-
-
-def test_compiling_the_catalog_is_fast():
-    patterns, _ = catalog_patterns()
-    module = native_module("matcher")
-    started = time.perf_counter()
-    module.Matcher(patterns)
-    assert time.perf_counter() - started < 0.5
