@@ -23,13 +23,15 @@ class RootCause:
     explanation: str = ""
     rule: str = "no_evidence"
     title: str = ""
+    attribution: str | None = None  # "host": host context, not tied to this job; else None
+    frame: str | None = None  # innermost frame of the cause's traceback, `data.py:17 in collate`
 
 
 @dataclass(slots=True)
 class Contributing:
     category: str
     signature: str
-    role: str  # "symptom" | "related" | "observed"
+    role: str  # "symptom" | "related" | "observed" | "context" | "finding"
     evidence: list[str]
     host: str | None = None
     rank: int | None = None
@@ -46,9 +48,12 @@ class TimelineEntry:
     signature: str
     category: str
     line: str
-    role: str  # "cause" | "symptom" | "related" | "observed"
+    role: str  # "cause" | "symptom" | "related" | "observed" | "context" | "finding"
     severity: str = "error"
     attribution: str | None = None  # host records: "job" or "host" (contract 3)
+    file: str | None = None  # the input the line came from (a file name, stdout, kmsg)
+    lineno: int | None = None  # its line number there, from 1
+    frame: str | None = None  # for a traceback: its innermost frame
 
 
 @dataclass(slots=True)
@@ -64,6 +69,7 @@ class Diagnosis:
     exit_code: int | None = None
     exit_signal: str | None = None
     root_cause: RootCause = field(default_factory=RootCause)
+    findings: list[RootCause] = field(default_factory=list)  # independent failures, not merged
     contributing: list[Contributing] = field(default_factory=list)
     timeline: list[TimelineEntry] = field(default_factory=list)
     summary: str = ""
@@ -79,6 +85,7 @@ class Diagnosis:
             "status": self.status,
             "exit": {"code": self.exit_code, "signal": self.exit_signal},
             "root_cause": asdict(self.root_cause),
+            "findings": [asdict(f) for f in self.findings],
             "contributing": [asdict(c) for c in self.contributing],
             "timeline": [asdict(t) for t in self.timeline],
             "summary": self.summary,

@@ -1,8 +1,14 @@
-"""Loads the rules' thresholds and category roles from rules.yaml (package data)."""
+"""Loads the rules' thresholds, category roles and causal edges from rules.yaml (package data).
+
+Only reads and checks the data; the rules that use it live in rules.py, causality.py and
+hangs.py. Category and signature lists accept a trailing `.*` (a prefix) or `*` wildcards.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -10,25 +16,41 @@ from typing import Any
 
 import yaml
 
+from denpex.core.events import Evidence, severity_rank
 
-def _matcher(patterns: list[str]):
-    exact = {p for p in patterns if not p.endswith(".*")}
-    prefixes = tuple(p[:-1] for p in patterns if p.endswith(".*"))
-    return lambda category: category in exact or (bool(prefixes) and category.startswith(prefixes))
+Matcher = Callable[[str], bool]
+
+
+def _matcher(patterns: list[str]) -> Matcher:
+    exact = {p for p in patterns if "*" not in p}
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith(".*") and "*" not in p[:-2])
+    globs = [p for p in patterns if "*" in p and not (p.endswith(".*") and "*" not in p[:-2])]
+
+    def matches(name: str) -> bool:
+        if name in exact or (prefixes and name.startswith(prefixes)):
+            return True
+        return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+    return matches
 
 
 @dataclass(slots=True)
 class RulesConfig:
     raw: dict[str, Any]
-    is_infrastructure: Any = field(init=False)
-    is_symptom: Any = field(init=False)
-    is_weak: Any = field(init=False)
-    is_oom: Any = field(init=False)
-    is_numeric: Any = field(init=False)
-    is_overflow: Any = field(init=False)
-    is_scheduler: Any = field(init=False)
-    can_explain_failure: Any = field(init=False)
+    is_infrastructure: Matcher = field(init=False)
+    is_symptom: Matcher = field(init=False)
+    is_weak: Matcher = field(init=False)
+    is_oom: Matcher = field(init=False)
+    is_numeric: Matcher = field(init=False)
+    is_overflow: Matcher = field(init=False)
+    is_scheduler: Matcher = field(init=False)
+    is_collective_timeout: Matcher = field(init=False)
+    can_explain_failure: Matcher = field(init=False)
     sigkill_marker: re.Pattern[str] = field(init=False)
+    _explains: dict[str, Matcher] = field(init=False)
+    _across: dict[str, Matcher] = field(init=False)
+    _on_success_categories: Matcher = field(init=False)
+    _on_success_signatures: Matcher = field(init=False)
 
     def __post_init__(self) -> None:
         r = self.raw
@@ -39,8 +61,20 @@ class RulesConfig:
         self.is_numeric = _matcher(r["numeric_categories"])
         self.is_overflow = _matcher(r["overflow_categories"])
         self.is_scheduler = _matcher(r["scheduler_categories"])
+        self.is_collective_timeout = _matcher(r["collective_timeout"]["categories"])
         self.can_explain_failure = _matcher(r["warning_leads"])
         self.sigkill_marker = re.compile("|".join(f"(?:{p})" for p in r["sigkill_markers"]))
+        self._explains = {
+            cause: _matcher(list(effects)) for cause, effects in r["explains"].items()
+        }
+        self._across = {}
+        for entry in r["explains_across_hosts"]:
+            named = entry if isinstance(entry, dict) else {entry: ["*"]}
+            for cause, effects in named.items():
+                self._across[cause] = _matcher(list(effects))
+        success = r["failure_even_on_success"]
+        self._on_success_categories = _matcher(success["categories"])
+        self._on_success_signatures = _matcher(success["signatures"])
 
     def __getitem__(self, key: str) -> Any:
         return self.raw[key]
@@ -51,9 +85,27 @@ class RulesConfig:
     def adjustment(self, name: str) -> float:
         return float(self.raw["confidence"][name])
 
-    def explained_by(self, category: str) -> list[str]:
-        """The categories that `category` evidence explains (rules.yaml `explains`)."""
-        return list(self.raw.get("explains", {}).get(category, []))
+    def explains(self, cause: str, effect: str) -> bool:
+        """Whether evidence of category `cause` can explain evidence of category `effect`
+        (rules.yaml `explains`: a lost GPU explains CUDA and NCCL errors, not ENOSPC)."""
+        matches = self._explains.get(cause)
+        return matches is not None and matches(effect)
+
+    def crosses_hosts(self, cause: str, effect: str) -> bool:
+        """Whether `cause` on one host explains `effect` on another (rules.yaml
+        `explains_across_hosts`)."""
+        matches = self._across.get(cause)
+        return matches is not None and matches(effect)
+
+    def fails_even_on_success(self, item: Evidence) -> bool:
+        """Evidence that makes a run failed although it exited 0 (rules.yaml
+        `failure_even_on_success`: silent data corruption, NaN loss, a corrupt checkpoint)."""
+        success = self.raw["failure_even_on_success"]
+        if severity_rank(item.severity) < severity_rank(success["min_severity"]):
+            return False
+        return self._on_success_categories(item.category) or self._on_success_signatures(
+            item.signature
+        )
 
     def followups(self, category: str) -> list[str]:
         return list(self.raw.get("followup_actions", {}).get(category, []))

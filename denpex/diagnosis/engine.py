@@ -13,16 +13,18 @@ from dataclasses import dataclass, field
 from denpex.core.diagnosis import Action, Contributing, Diagnosis, RootCause, TimelineEntry
 from denpex.core.events import Evidence, format_ts, severity_rank
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
+from denpex.diagnosis.causality import accounted_for, cause_explains_effect, further_findings
 from denpex.diagnosis.config import RulesConfig, load_rules
-from denpex.diagnosis.rules import (
-    RULES,
+from denpex.diagnosis.context import (
     Finding,
     RuleContext,
-    cause_explains_effect,
+    is_host_context,
     part_of_root_traceback,
 )
-from denpex.diagnosis.summary import action_reason, summarize
-from denpex.diagnosis.timeline import before, ordered, pick_timeline, seconds_between
+from denpex.diagnosis.hangs import explanation as hang_explanation
+from denpex.diagnosis.rules import RULES, integrity_on_success
+from denpex.diagnosis.summary import Story, action_reason, summarize
+from denpex.diagnosis.timeline import before, line_key, ordered, pick_timeline, seconds_between
 
 _MAX_IDS = 20
 
@@ -58,6 +60,10 @@ def _confidence(ctx: RuleContext, finding: Finding, cfg: RulesConfig, dropped: i
         value += cfg.adjustment("corroborated_sources")
     if finding.note == "sigkill":
         value += cfg.adjustment("sigkill_matches")
+    if finding.note == "progress_numbers":
+        value += cfg.adjustment("progress_numbers")
+    if finding.note == "host_context":
+        value += cfg.adjustment("host_context_only")
     if root.event.attrs.get("userspace"):
         value += cfg.adjustment("userspace_kmsg")
     if dropped:
@@ -77,24 +83,86 @@ def _confidence(ctx: RuleContext, finding: Finding, cfg: RulesConfig, dropped: i
     return round(min(float(conf["max"]), max(float(conf["min"]), value)), 2)
 
 
-def _role(ctx: RuleContext, item: Evidence, root: Evidence) -> str:
-    if not item.is_failure:
-        return "observed"
-    if part_of_root_traceback(item, root, int(ctx.config["traceback_lines"])):
+def _first_finding(ctx: RuleContext) -> Finding | None:
+    """The first rule that fires, refined by the causal edges; on a run that exited 0, only
+    evidence that its results are wrong can fail it (rule noise_is_not_failure)."""
+    if ctx.exit_code == 0:
+        return integrity_on_success(ctx)
+    for rule in RULES:
+        finding = rule(ctx)
+        if finding is not None:
+            return cause_explains_effect(ctx, finding)
+    return None
+
+
+def _choose(ctx: RuleContext, job: RuleContext) -> Finding | None:
+    """The job's own finding, unless host context is a better lead than anything the job
+    shows (rules.yaml `host_context`); then that, marked as host context."""
+    finding = _first_finding(job)
+    leads_after = ctx.config["host_context"]["leads_after"]
+    if ctx.exit_code == 0 or len(job.evidence) == len(ctx.evidence):
+        return finding
+    if finding is not None and finding.rule not in leads_after:
+        return finding
+    wider = _first_finding(ctx)
+    if wider is not None and is_host_context(wider.root):
+        return Finding(wider.rule, wider.root, note="host_context", derived=wider.derived)
+    return finding
+
+
+class _Roles:
+    """The role of every piece of evidence in one diagnosis."""
+
+    def __init__(
+        self,
+        ctx: RuleContext,
+        root: Evidence,
+        chain: list[Evidence],
+        findings: list[tuple[Finding, list[Evidence]]],
+    ) -> None:
+        self.ctx, self.root = ctx, root
+        self.root_lines = {line_key(e) for e in ctx.evidence if e.category == root.category}
+        self.root_lines.add(line_key(root))
+        self.chain = {id(e) for e in chain}
+        self.found: dict[int, str] = {}
+        for finding, accounted in findings:
+            for item in accounted:
+                own = item.category == finding.root.category
+                self.found.setdefault(id(item), "finding" if own else "symptom")
+            self.found[id(finding.root)] = "finding"
+
+    def of(self, item: Evidence) -> str:
+        ctx, root = self.ctx, self.root
+        if is_host_context(item) and item is not root:
+            return "context"
+        if item.category == root.category or line_key(item) in self.root_lines:
+            return "cause"
+        if id(item) in self.found:
+            return self.found[id(item)]
+        if not item.is_failure:
+            return "observed"
+        if part_of_root_traceback(item, root, int(ctx.config["traceback_lines"])):
+            return "related"
+        if id(item) in self.chain and (ctx.tier(item.category) != "specific" or before(root, item)):
+            return "symptom"
         return "related"
-    if ctx.tier(item.category) != "specific" or before(root, item):
-        return "symptom"
-    return "related"
 
 
-def _contributing(ctx: RuleContext, root: Evidence | None) -> list[Contributing]:
+def _contributing(
+    ctx: RuleContext, root: Evidence | None, roles: _Roles | None
+) -> list[Contributing]:
     groups: dict[tuple[str, str, str], Contributing] = {}
     for item in ctx.evidence:
         if root is not None and item.category == root.category:
             continue
-        if not item.is_failure and severity_rank(item.severity) < 1:
+        context = is_host_context(item)
+        if not item.is_failure and severity_rank(item.severity) < 1 and not context:
             continue  # info lines are evidence, not contributions
-        role = _role(ctx, item, root) if root is not None else "observed"
+        if roles is not None:
+            role = roles.of(item)
+            role = "related" if role == "cause" else role  # matched on the cause's own line
+        else:
+            role = "context" if context else "observed"
         key = (item.category, item.signature, role)
         group = groups.get(key)
         if group is None:
@@ -117,7 +185,17 @@ def _contributing(ctx: RuleContext, root: Evidence | None) -> list[Contributing]
     return list(groups.values())
 
 
-def _timeline_entries(items: list[Evidence], roles: dict[str, str]) -> list[TimelineEntry]:
+def _int_attr(item: Evidence, key: str) -> int | None:
+    value = item.event.attrs.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str_attr(item: Evidence, key: str) -> str | None:
+    value = item.event.attrs.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def _timeline_entries(items: list[Evidence], role_of) -> list[TimelineEntry]:
     return [
         TimelineEntry(
             id=e.id,
@@ -128,9 +206,12 @@ def _timeline_entries(items: list[Evidence], roles: dict[str, str]) -> list[Time
             signature=e.signature,
             category=e.category,
             line=e.event.body[:2000],
-            role=roles.get(e.id, "related"),
+            role=role_of(e),
             severity=e.severity,
             attribution=_attribution(e),
+            file=_str_attr(e, "file"),
+            lineno=_int_attr(e, "line"),
+            frame=_str_attr(e, "frame"),
         )
         for e in items
     ]
@@ -157,6 +238,40 @@ def _actions(root: Evidence, cfg: RulesConfig, explanations: Mapping[str, str]) 
     return actions
 
 
+def _frame(items: list[Evidence]) -> str | None:
+    """The innermost traceback frame among the cause's lines (the first that has one)."""
+    return next((f for f in (_str_attr(e, "frame") for e in items) if f), None)
+
+
+def _cause(
+    ctx: RuleContext,
+    finding: Finding,
+    cfg: RulesConfig,
+    data: DiagnosisInput,
+    taxonomy: Taxonomy,
+    dropped: int,
+) -> RootCause:
+    root = finding.root
+    items = ordered(
+        [root, *[e for e in ctx.evidence if e.category == root.category and e is not root]]
+    )
+    attribution = root.event.attrs.get("attribution")
+    explanation = data.explanations.get(root.signature) or hang_explanation(root.signature)
+    return RootCause(
+        category=root.category,
+        signature=root.signature,
+        confidence=_confidence(ctx, finding, cfg, dropped),
+        host=root.event.host,
+        rank=root.event.rank,
+        evidence=[e.id for e in items][:_MAX_IDS],
+        explanation=explanation or root.summary,
+        rule=finding.rule,
+        title=taxonomy[root.category].title if root.category in taxonomy else root.category,
+        attribution=attribution if attribution in ("job", "host") else None,
+        frame=_frame(items),
+    )
+
+
 def diagnose(
     data: DiagnosisInput, *, config: RulesConfig | None = None, taxonomy: Taxonomy | None = None
 ) -> Diagnosis:
@@ -165,6 +280,8 @@ def diagnose(
     taxonomy = taxonomy or load_taxonomy()
     exit_signal = signal_name(data.exit_signal)
     ctx = RuleContext(list(data.evidence), data.exit_code, exit_signal, cfg)
+    job = ctx.subset([e for e in ctx.evidence if not is_host_context(e)])
+    context = [e for e in ctx.evidence if is_host_context(e)]
     diagnosis = Diagnosis(
         exit_code=data.exit_code,
         exit_signal=exit_signal,
@@ -174,58 +291,64 @@ def diagnose(
     dropped = int(data.stats.get("dropped_analysis_bytes", 0))
     job_failed = (data.exit_code not in (None, 0)) or data.exit_signal is not None
 
-    finding: Finding | None = None
-    if data.exit_code != 0:  # rule noise_is_not_failure: a run that exited 0 has no cause
-        for rule in RULES:
-            finding = rule(ctx)
-            if finding is not None:
-                finding = cause_explains_effect(ctx, finding)
-                break
-
+    finding = _choose(ctx, job)
     if finding is None:
         diagnosis.status = "failed" if job_failed else "ok"
         diagnosis.root_cause = RootCause(
             rule="no_evidence" if data.exit_code != 0 else "noise_is_not_failure",
             title=taxonomy["unknown"].title,
         )
-        diagnosis.contributing = _contributing(ctx, None)
+        diagnosis.contributing = _contributing(ctx, None, None)
         observed = ordered([e for e in ctx.evidence if severity_rank(e.severity) >= 1])
         picked = observed[: int(cfg["timeline_max"])]
-        diagnosis.timeline = _timeline_entries(picked, {e.id: "observed" for e in picked})
-        diagnosis.summary = summarize(diagnosis, None, ctx, taxonomy)
+        diagnosis.timeline = _timeline_entries(
+            picked, lambda e: "context" if is_host_context(e) else "observed"
+        )
+        diagnosis.summary = summarize(diagnosis, Story(ctx, None, [], context, []), taxonomy)
         return diagnosis
 
     root = finding.root
+    if finding.derived:  # a rank named from other ranks' evidence joins the timeline
+        ctx = ctx.subset([*ctx.evidence, root])
+        job = job.subset([*job.evidence, root])
+    on = ctx if finding.note == "host_context" else job
+    chain = accounted_for(on, root)
+    findings = [] if data.exit_code == 0 else further_findings(job, root, RULES)
+    roles = _Roles(ctx, root, chain, findings)
     root_items = [e for e in ctx.evidence if e.category == root.category]
     traceback_lines = int(cfg["traceback_lines"])
+    root_lines = {line_key(e) for e in root_items}
     others = [
         e
         for e in ctx.failures
-        if e.category != root.category and not part_of_root_traceback(e, root, traceback_lines)
+        if e.category != root.category
+        and line_key(e) not in root_lines
+        and not part_of_root_traceback(e, root, traceback_lines)
     ]
+    shown_context = list({e.category: e for e in reversed(context) if e is not root}.values())
     picked = pick_timeline(
         [root, *[e for e in root_items if e is not root]],
         others,
         max_lines=int(cfg["timeline_max"]),
         root_lines=int(cfg["timeline_root_lines"]),
+        must=[f.root for f, _ in findings] + shown_context[:2],
     )
-    roles = {
-        e.id: ("cause" if e.category == root.category else _role(ctx, e, root)) for e in picked
-    }
     diagnosis.status = "failed"
-    diagnosis.root_cause = RootCause(
-        category=root.category,
-        signature=root.signature,
-        confidence=_confidence(ctx, finding, cfg, dropped),
-        host=root.event.host,
-        rank=root.event.rank,
-        evidence=[e.id for e in ordered(root_items)][:_MAX_IDS],
-        explanation=data.explanations.get(root.signature, root.summary),
-        rule=finding.rule,
-        title=taxonomy[root.category].title if root.category in taxonomy else root.category,
-    )
-    diagnosis.contributing = _contributing(ctx, root)
-    diagnosis.timeline = _timeline_entries(picked, roles)
+    diagnosis.root_cause = _cause(ctx, finding, cfg, data, taxonomy, dropped)
+    if findings:
+        diagnosis.root_cause.confidence = round(
+            max(
+                float(cfg.raw["confidence"]["min"]),
+                diagnosis.root_cause.confidence + cfg.adjustment("second_finding"),
+            ),
+            2,
+        )
+    diagnosis.findings = [_cause(job, f, cfg, data, taxonomy, dropped) for f, _ in findings]
+    diagnosis.contributing = _contributing(ctx, root, roles)
+    diagnosis.timeline = _timeline_entries(picked, roles.of)
     diagnosis.actions = _actions(root, cfg, data.explanations)
-    diagnosis.summary = summarize(diagnosis, root, ctx, taxonomy)
+    story = Story(
+        ctx, root, chain, [e for e in context if e is not root], [f.root for f, _ in findings]
+    )
+    diagnosis.summary = summarize(diagnosis, story, taxonomy)
     return diagnosis

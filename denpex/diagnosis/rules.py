@@ -1,86 +1,30 @@
 """The causal rules of DESIGN §6, each a small named function over a RuleContext.
 
 A rule returns a Finding (the evidence it blames and why) or None. The engine tries them in
-a fixed precedence; thresholds come from rules.yaml. Rules never do I/O.
+a fixed precedence; thresholds and causal edges come from rules.yaml. Rules never do I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from denpex.core.events import Evidence, severity_rank
-from denpex.diagnosis.config import RulesConfig
-from denpex.diagnosis.timeline import before, earliest, order_key, ordered, seconds_between
-
-
-@dataclass(slots=True)
-class RuleContext:
-    evidence: list[Evidence]  # timeline order
-    exit_code: int | None
-    exit_signal: str | None
-    config: RulesConfig
-    failures: list[Evidence] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.evidence = ordered(self.evidence)
-        self.failures = [e for e in self.evidence if e.is_failure]
-
-    @property
-    def killed_by_sigkill(self) -> bool:
-        if self.exit_signal == "SIGKILL" or self.exit_code == 137:
-            return True
-        marker = self.config.sigkill_marker
-        return any(marker.search(e.event.body) for e in self.failures)
-
-    def tier(self, category: str) -> str:
-        if self.config.is_symptom(category):
-            return "symptom"
-        if self.config.is_weak(category):
-            return "weak"
-        return "specific"
-
-    def software_failures(self) -> list[Evidence]:
-        c = self.config
-        return [
-            e
-            for e in self.failures
-            if not (c.is_infrastructure(e.category) or c.is_oom(e.category))
-        ]
-
-
-@dataclass(slots=True)
-class Finding:
-    rule: str
-    root: Evidence
-    note: str = ""
-
-
-def part_of_root_traceback(item: Evidence, root: Evidence, max_lines: int) -> bool:
-    """A generic exception line just above the root cause in the same stream and rank is the
-    root's own traceback ("Traceback (most recent call last):"), not a separate failure."""
-    return (
-        item.category == "app.exception"
-        and item.event.attrs.get("stream") == root.event.attrs.get("stream")
-        and (item.event.host, item.event.rank) == (root.event.host, root.event.rank)
-        and 0 < root.event.seq - item.event.seq <= max_lines
-    )
+from denpex.diagnosis.context import Finding, RuleContext, strongest_earliest
+from denpex.diagnosis.hangs import absent_from_collective
+from denpex.diagnosis.timeline import before, earliest, order_key, seconds_between
 
 
 def _found(rule: str, root: Evidence | None, note: str = "") -> Finding | None:
     return Finding(rule, root, note) if root is not None else None
 
 
-def _strongest_earliest(items: list[Evidence]) -> Evidence | None:
-    if not items:
-        return None
-    top = max(severity_rank(e.severity) for e in items)
-    return earliest([e for e in items if severity_rank(e.severity) == top])
-
-
 def hardware_first(ctx: RuleContext) -> Finding | None:
     """GPU, fabric or host-hardware failure evidence within a window of the first software
-    failure (or with no software failure at all) is the cause; software errors are symptoms."""
+    failure (or with no software failure at all) is the cause; software errors are symptoms.
+
+    Hardware absorbs only what it can explain (rules.yaml `explains`, on its host): when the
+    first specific software failure is one it cannot explain (ENOSPC, an ImportError) and came
+    first, the two are independent and the earlier one is the root cause."""
     cfg = ctx.config
     ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
     hardware = [
@@ -90,7 +34,8 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
     ]
     if not hardware:
         return None
-    first_software = earliest(ctx.software_failures())
+    software = ctx.software_failures()
+    first_software = earliest(software)
     if first_software is not None:
         window_before = float(cfg["hardware_window_before_s"])
         window_after = float(cfg["hardware_window_after_s"])
@@ -102,7 +47,18 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
             return -window_after <= gap <= window_before
 
         hardware = [e for e in hardware if in_window(e)]
-    root = _strongest_earliest(hardware)
+    first_specific = earliest(
+        [
+            e
+            for e in software
+            if ctx.tier(e.category) == "specific" and not cfg.is_scheduler(e.category)
+        ]
+    )
+    if first_specific is not None:
+        hardware = [
+            e for e in hardware if before(e, first_specific) or ctx.explains(e, first_specific)
+        ]
+    root = strongest_earliest(hardware)
     return Finding("hardware_first", root) if root else None
 
 
@@ -207,8 +163,7 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
     from a category that can end a job (a degraded PCIe link, a thermal slowdown, a hang
     detector) is a better lead than the symptoms."""
     first_symptom = _first_of_tier(ctx, "symptom")
-    known_failed = ctx.exit_signal is not None or ctx.exit_code not in (None, 0)
-    if not known_failed and first_symptom is None:
+    if not ctx.known_failed and first_symptom is None:
         return None
     leads = [
         e
@@ -219,18 +174,20 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
     ]
     # a traceback header is the weakest lead: any other category's warning goes first
     leads = [e for e in leads if e.category != "app.exception"] or leads
-    root = _strongest_earliest(leads)
+    root = strongest_earliest(leads)
     return Finding("warnings_on_failure", root) if root else None
 
 
 # Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
 # failure before a cancel is what the user must fix; `numerics` above it because a NaN is
-# what makes the later crash happen.
+# what makes the later crash happen; `absent_from_collective` below it because a rank that
+# crashed is absent from a collective too, and its crash is the cause.
 RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     hardware_first,
     oom_killer,
     numerics,
     first_failing_rank,
+    absent_from_collective,
     scheduler,
     first_failing_weak,
     exception_fallback,
@@ -239,30 +196,12 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
 )
 
 
-def _explains(ctx: RuleContext, cause: Evidence, effect: Evidence) -> bool:
-    cfg = ctx.config
-    if effect.category not in cfg.explained_by(cause.category):
-        return False
-    other_host = cause.event.host and effect.event.host and cause.event.host != effect.event.host
-    if other_host and cause.category not in cfg["explains_across_hosts"]:
-        return False
-    gap = seconds_between(cause, effect)
-    if gap is not None:
-        return abs(gap) <= float(cfg["explains_window_s"])
-    return abs(cause.event.seq - effect.event.seq) <= int(cfg["explains_lines"])
-
-
-def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
-    """Refines a finding: evidence whose category explains the root's (rules.yaml `explains`:
-    a full disk explains a failed checkpoint save) and that sits near it is the deeper cause."""
-    for _ in range(3):  # short chains: a link down → IB errors → NCCL system error
-        causes = [
-            e
-            for e in ctx.evidence
-            if severity_rank(e.severity) >= 1 and _explains(ctx, e, finding.root)
-        ]
-        cause = _strongest_earliest(causes)
-        if cause is None:
-            break
-        finding = Finding("cause_explains_effect", cause)
-    return finding
+def integrity_on_success(ctx: RuleContext) -> Finding | None:
+    """A run that exited 0 failed all the same when its results are wrong: silent data
+    corruption, a NaN loss, a checkpoint that failed verification (rules.yaml
+    `failure_even_on_success`). Every other line of such a run is noise."""
+    if ctx.exit_code != 0:
+        return None
+    wrong = [e for e in ctx.evidence if ctx.config.fails_even_on_success(e)]
+    root = strongest_earliest(wrong)
+    return Finding("integrity_on_success", root) if root else None

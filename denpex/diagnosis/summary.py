@@ -7,16 +7,16 @@ always reads the same way.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from denpex.core.diagnosis import Diagnosis
 from denpex.core.events import Evidence, format_ts
 from denpex.core.taxonomy import Taxonomy
-from denpex.diagnosis.rules import part_of_root_traceback
-from denpex.diagnosis.timeline import before
+from denpex.diagnosis.timeline import before, line_key
 
 if TYPE_CHECKING:
-    from denpex.diagnosis.rules import RuleContext
+    from denpex.diagnosis.context import RuleContext
 
 ACTION_TEXT = {
     "retry_job": "restart the job (from its last checkpoint) once the cause is cleared",
@@ -32,6 +32,18 @@ ACTION_TEXT = {
 }
 
 
+@dataclass(slots=True)
+class Story:
+    """What the summary tells: the cause, what it accounts for, the host context around the
+    job and the independent failures found besides it."""
+
+    ctx: RuleContext
+    root: Evidence | None
+    chain: list[Evidence]  # the failures the root accounts for, the root first
+    context: list[Evidence]  # host context (attribution "host"), not the root
+    findings: list[Evidence]  # roots of further, independent failures
+
+
 def where(item: Evidence) -> str:
     parts = []
     if item.event.rank is not None:
@@ -39,6 +51,11 @@ def where(item: Evidence) -> str:
     if item.event.host:
         parts.append(f"on {item.event.host}" if parts else f"host {item.event.host}")
     return " ".join(parts)
+
+
+def _clock(item: Evidence) -> str:
+    stamp = format_ts(item.event.ts_ns)
+    return f"{stamp[11:19]} UTC" if stamp else ""
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -59,10 +76,50 @@ def _exit_text(diagnosis: Diagnosis) -> str:
     return ""
 
 
-def summarize(
-    diagnosis: Diagnosis, root: Evidence | None, ctx: RuleContext, taxonomy: Taxonomy
-) -> str:
+def _headline(item: Evidence, taxonomy: Taxonomy) -> str:
+    """`<what> (<where> at <time>)` of one piece of evidence, without a final stop."""
+    title = item.summary or (taxonomy[item.category].title if item.category in taxonomy else "")
+    inside = " ".join(
+        part for part in (where(item), f"at {_clock(item)}" if _clock(item) else "") if part
+    )
+    return f"{title} ({inside})" if inside else title
+
+
+def context_text(context: list[Evidence]) -> str:
+    """One sentence per kind of host context: what, when, and that it is not this job's."""
+    sentences = []
+    for item in list({e.category: e for e in reversed(context)}.values())[::-1][:3]:
+        when = f" at {_clock(item)}" if _clock(item) else ""
+        reason = item.event.attrs.get("attribution_reason")
+        why = f" ({reason})" if isinstance(reason, str) and reason else ""
+        sentences.append(
+            f"Host context: {item.summary or item.category}{when}{why} — not this job."
+        )
+    return " ".join(sentences)
+
+
+def later_lines(story: Story) -> list[Evidence]:
+    """The failure lines after the cause that it accounts for: one per line, the cause's own
+    lines (its category, the line it matched on) left out."""
+    root = story.root
+    if root is None:
+        return []
+    own = {line_key(e) for e in story.ctx.evidence if e.category == root.category}
+    own.add(line_key(root))
+    kept: dict[tuple[object, ...], Evidence] = {}
+    for item in story.chain:
+        if item is root or item.category == root.category or not before(root, item):
+            continue
+        key = line_key(item)
+        if key not in own:
+            kept.setdefault(key, item)
+    return list(kept.values())
+
+
+def summarize(diagnosis: Diagnosis, story: Story, taxonomy: Taxonomy) -> str:
     exit_text = _exit_text(diagnosis)
+    root, ctx = story.root, story.ctx
+    around = context_text(story.context)
     if root is None:
         warnings = [e for e in ctx.evidence if not e.is_failure and e.severity != "info"]
         failures = ctx.failures
@@ -73,28 +130,32 @@ def summarize(
                     f" {len(failures) + len(warnings)} warning or error line(s) were seen, "
                     "but the run ended normally."
                 )
-            return f"{text} {exit_text}".strip()
-        return (
-            "The job failed, but no line of its output matched a known failure signature. "
-            f"{exit_text} Check the last lines of the output; if this failure repeats, "
-            "add a signature for it."
-        ).strip()
+            return " ".join(p for p in (text, around, exit_text) if p)
+        return " ".join(
+            p
+            for p in (
+                "The job failed, but no line of its output matched a known failure signature.",
+                exit_text,
+                "Check the last lines of the output; if this failure repeats, add a signature "
+                "for it.",
+                around,
+            )
+            if p
+        )
 
-    place = where(root)
-    stamp = format_ts(root.event.ts_ns)
-    when = f" at {stamp[11:19]} UTC" if stamp else ""
-    title = root.summary or (taxonomy[root.category].title if root.category in taxonomy else "")
-    inside = " ".join(part for part in (place, when.strip()) if part)
-    text = f"{title}" + (f" ({inside})." if inside else ".")
+    text = _headline(root, taxonomy) + "."
     if diagnosis.root_cause.rule == "warnings_on_failure":
         text = f"No error line matched; the strongest lead is a warning: {text}"
-    symptoms = [
-        e
-        for e in ctx.failures
-        if e.category != root.category
-        and (ctx.tier(e.category) != "specific" or before(root, e))
-        and not part_of_root_traceback(e, root, int(ctx.config["traceback_lines"]))
-    ]
+    if diagnosis.root_cause.attribution == "host":
+        text = (
+            "The job's own output names no cause; the only lead is host evidence not tied to "
+            f"this job: {text}"
+        )
+    if diagnosis.root_cause.rule == "integrity_on_success":
+        text += " The run exited normally, but its results cannot be trusted."
+    if diagnosis.root_cause.frame:
+        text += f" Innermost frame: {diagnosis.root_cause.frame}."
+    symptoms = later_lines(story)
     if symptoms:
         categories = sorted({e.category for e in symptoms})
         ranks = _ranks_text([e.event.rank for e in symptoms if e.event.rank is not None])
@@ -104,6 +165,10 @@ def summarize(
             + f" ({', '.join(categories[:4])}{' …' if len(categories) > 4 else ''})"
             + " follow from it."
         )
+    for item in story.findings:
+        text += f" Independent of it: {_headline(item, taxonomy)}."
+    if around:
+        text += f" {around}"
     if exit_text:
         text += f" {exit_text}"
     dropped = int(diagnosis.stats.get("dropped_analysis_bytes", 0))

@@ -22,6 +22,13 @@ def _compare(a: Evidence, b: Evidence) -> int:
 order_key = cmp_to_key(_compare)
 
 
+def line_key(item: Evidence) -> tuple[object, ...]:
+    """Which input line `item` matched on (derived evidence is a line of its own)."""
+    if item.event.attrs.get("derived"):
+        return ("derived", item.id)
+    return (item.event.attrs.get("stream"), item.event.source, item.event.seq)
+
+
 def ordered(evidence: list[Evidence]) -> list[Evidence]:
     """Evidence in timeline order (deterministic for the same input)."""
     return sorted(evidence, key=order_key)
@@ -46,30 +53,49 @@ def seconds_between(a: Evidence, b: Evidence) -> float | None:
 
 
 def pick_timeline(
-    root: list[Evidence], others: list[Evidence], *, max_lines: int, root_lines: int
+    root: list[Evidence],
+    others: list[Evidence],
+    *,
+    max_lines: int,
+    root_lines: int,
+    must: list[Evidence] | None = None,
 ) -> list[Evidence]:
     """The lines that prove a diagnosis: the root cause's first lines (from distinct sources
-    first), then the first line of each other category, in time order."""
+    first), the lines in `must` (further findings, host context), then the first line of each
+    other category, in time order. One input line is one row, whatever matched on it."""
     chosen: list[Evidence] = []
+    lines: set[tuple[object, ...]] = set()
+
+    def take(item: Evidence) -> bool:
+        key = line_key(item)
+        if key in lines:
+            return False
+        lines.add(key)
+        chosen.append(item)
+        return True
+
     seen_sources: set[str] = set()
     for item in ordered(root):
-        if item.event.source not in seen_sources:
-            chosen.append(item)
-            seen_sources.add(item.event.source)
         if len(chosen) >= root_lines:
             break
+        if item.event.source not in seen_sources and take(item):
+            seen_sources.add(item.event.source)
     for item in ordered(root):
         if len(chosen) >= root_lines:
             break
         if item not in chosen:
-            chosen.append(item)
-    seen_keys: set[tuple[str, object, object]] = set()
+            take(item)
+    for item in ordered(must or []):
+        if len(chosen) >= max_lines:
+            break
+        take(item)
+    seen_keys: set[tuple[str, object, object]] = {(e.category, None, None) for e in must or []}
     for item in ordered(others):
         if len(chosen) >= max_lines:
             break
         key = (item.category, item.event.host, item.event.rank if len(seen_keys) < 3 else None)
         if key in seen_keys or (item.category, None, None) in seen_keys:
             continue
-        seen_keys.add(key)
-        chosen.append(item)
+        if take(item):
+            seen_keys.add(key)
     return ordered(chosen)

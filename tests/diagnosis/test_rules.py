@@ -11,31 +11,37 @@ import yaml
 from denpex.core.events import Event, Evidence
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.diagnosis.config import load_rules
-from denpex.diagnosis.rules import RULES, RuleContext
+from denpex.diagnosis.rules import RULES, RuleContext, integrity_on_success
 
 CASES = yaml.safe_load((Path(__file__).parent / "rule_cases.yaml").read_text())
 BASE_NS = 1_796_014_569_000_000_000
 
 
 def make_evidence(items: list[list]) -> list[Evidence]:
+    """Evidence from case rows: [category, severity, host, rank, t, source], then optionally a
+    body (str) and/or {attrs: …, captures: …, signature: …}."""
     evidence = []
     for index, item in enumerate(items, 1):
-        category, severity, host, rank, t, source, *body = item
+        category, severity, host, rank, t, source, *rest = item
+        body = next((r for r in rest if isinstance(r, str)), f"{category} line {index}")
+        extra = next((r for r in rest if isinstance(r, dict)), {})
         event = Event(
-            body=body[0] if body else f"{category} line {index}",
+            body=body,
             ts_ns=None if t is None else BASE_NS + int(t * 1e9),
             host=host,
             rank=rank,
             source=source,
             seq=index,
+            attrs=dict(extra.get("attrs", {})),
         )
         evidence.append(
             Evidence(
                 id=f"e{index}",
                 event=event,
-                signature=f"{category}.test",
+                signature=extra.get("signature", f"{category}.test"),
                 category=category,
                 severity=severity,
+                captures={k: str(v) for k, v in extra.get("captures", {}).items()},
                 summary=f"{category} happened",
             )
         )
@@ -58,16 +64,24 @@ def test_rule_case(case):
     diagnosis = run_case(case)
     expect = case["expect"]
     assert diagnosis.root_cause.category == expect["category"]
-    for key in ("rule", "host", "rank"):
+    for key in ("rule", "host", "rank", "attribution"):
         if key in expect:
             assert getattr(diagnosis.root_cause, key) == expect[key]
     if "status" in expect:
         assert diagnosis.status == expect["status"]
+    if "findings" in expect:
+        assert [f.category for f in diagnosis.findings] == expect["findings"]
+    if "max_confidence" in expect:
+        assert diagnosis.root_cause.confidence <= expect["max_confidence"]
+    if "min_confidence" in expect:
+        assert diagnosis.root_cause.confidence >= expect["min_confidence"]
+    if "exit" in case:  # the exit status is reported as it was, whatever the verdict
+        assert diagnosis.exit_code == case["exit"].get("code")
 
 
 def test_every_rule_is_exercised_by_a_case():
     fired = {run_case(c).root_cause.rule for c in CASES}
-    assert {rule.__name__ for rule in RULES} <= fired
+    assert {rule.__name__ for rule in (*RULES, integrity_on_success)} <= fired
 
 
 def test_symptoms_are_marked_and_confidence_is_bounded():

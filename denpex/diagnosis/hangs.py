@@ -1,0 +1,195 @@
+"""Rule absent_from_collective: when a collective times out, the cause is the rank that did
+not arrive (DESIGN §6), named from the log alone.
+
+Two kinds of proof, thresholds in rules.yaml `collective_timeout`: ProcessGroupNCCL's "last
+enqueued / last completed NCCL work" numbers (the straggler's count lags every other rank's),
+and the timeout every rank but one reports (the job's world size comes from the log, in
+attrs.world_size). The rank blamed is new evidence (`train.hang.*`) derived from the
+timeouts; it never blames a rank that printed a failure of its own (that rank crashed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from denpex.core.events import Event, Evidence
+from denpex.diagnosis.context import Finding, RuleContext
+from denpex.diagnosis.timeline import earliest
+
+LAGGING_SIGNATURE = "train.hang.lagging_collective"
+ABSENT_SIGNATURE = "train.hang.absent_from_collective"
+_EXPLAIN = {
+    LAGGING_SIGNATURE: (
+        "The other ranks waited in a collective this rank never reached: its count of NCCL "
+        "work enqueued (or completed) lags theirs, so it was stuck elsewhere (data loading, a "
+        "different code path, I/O) when their watchdogs fired. Find what this rank was doing "
+        "at that step: its last log lines, a py-spy dump, the flight recorder's trace."
+    ),
+    ABSENT_SIGNATURE: (
+        "Every other rank reported a collective timeout and this one did not: it never "
+        "reached the collective (stuck in data loading, I/O or a different code path) and its "
+        "watchdog had nothing to time out. Find what this rank was doing at that step."
+    ),
+}
+
+
+def explanation(signature: str) -> str | None:
+    """The explanation of a derived hang signature (for the diagnosis's root cause)."""
+    return _EXPLAIN.get(signature)
+
+
+@dataclass(slots=True)
+class _Progress:
+    enqueued: int | None = None
+    completed: int | None = None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def _reporter(item: Evidence) -> int | None:
+    """The rank that printed a timeout line (a captured "from rank N" names another)."""
+    printed_by = item.event.attrs.get("printed_by_rank")
+    return printed_by if isinstance(printed_by, int) else item.event.rank
+
+
+def _progress(timeouts: list[Evidence]) -> dict[int, _Progress]:
+    numbers: dict[int, _Progress] = {}
+    for item in timeouts:
+        rank = _reporter(item)
+        enqueued, completed = (
+            _int(item.captures.get("enqueued")),
+            _int(item.captures.get("completed")),
+        )
+        if rank is None or (enqueued is None and completed is None):
+            continue
+        seen = numbers.setdefault(rank, _Progress())
+        if enqueued is not None:
+            seen.enqueued = max(enqueued, seen.enqueued if seen.enqueued is not None else enqueued)
+        if completed is not None:
+            seen.completed = max(
+                completed, seen.completed if seen.completed is not None else completed
+            )
+    return numbers
+
+
+def _lagging(values: dict[int, int], min_lag: int) -> int | None:
+    """The one rank whose count is below every other rank's by at least `min_lag`."""
+    if len(values) < 2:
+        return None
+    low = min(values.values())
+    lowest = [rank for rank, value in values.items() if value == low]
+    others = [value for rank, value in values.items() if rank not in lowest]
+    if len(lowest) != 1 or not others or min(others) - low < min_lag:
+        return None
+    return lowest[0]
+
+
+def _world_size(ctx: RuleContext) -> int | None:
+    sizes = [e.event.attrs.get("world_size") for e in ctx.evidence]
+    known = [s for s in sizes if isinstance(s, int) and s > 0]
+    return max(known) if known else None
+
+
+def _derived(
+    ctx: RuleContext, rank: int, signature: str, body: str, timeouts: list[Evidence]
+) -> Evidence:
+    first = earliest(timeouts)
+    assert first is not None
+    # the straggler was missing from the moment the others entered the collective: the first
+    # timeout less its own timeout, when the line says how long that was
+    timeout_ms = _int(first.captures.get("timeout_ms"))
+    ts_ns = first.event.ts_ns
+    if ts_ns is not None and timeout_ms is not None:
+        ts_ns -= timeout_ms * 1_000_000
+    host = next((e.event.host for e in ctx.evidence if e.event.rank == rank and e.event.host), None)
+    ids = [int(e.id[1:]) for e in ctx.evidence if e.id[1:].isdigit()]
+    event = Event(
+        body=body,
+        ts_ns=ts_ns,
+        host=host,
+        source=first.event.source,
+        rank=rank,
+        attrs={
+            "derived": True,
+            "derived_from": ",".join(e.id for e in timeouts[:20]),
+            "stream": first.event.attrs.get("stream"),
+            **({"ts_inherited": True} if first.event.attrs.get("ts_inherited") else {}),
+        },
+        seq=first.event.seq - 1,  # before the first timeout when no clock orders them
+    )
+    return Evidence(
+        id=f"e{max(ids, default=0) + 1}",
+        event=event,
+        signature=signature,
+        category="train.hang",
+        severity="error",
+        summary=body,
+        action="check_data",
+    )
+
+
+def _has_own_failure(ctx: RuleContext, rank: int) -> bool:
+    return any(
+        e.event.rank == rank and ctx.tier(e.category) != "symptom" and e.is_failure
+        for e in ctx.failures
+    )
+
+
+def absent_from_collective(ctx: RuleContext) -> Finding | None:
+    """A collective timed out on the other ranks because one rank never reached it: the rank
+    whose NCCL work counters lag, or the one rank missing from the timeout reports."""
+    cfg = ctx.config
+    limits = cfg["collective_timeout"]
+    timeouts = [e for e in ctx.failures if cfg.is_collective_timeout(e.category)]
+    reporters = {r for r in map(_reporter, timeouts) if r is not None}
+    if len(reporters) < int(limits["min_reporting_ranks"]):
+        return None
+    progress = _progress(timeouts)
+    min_lag = int(limits["min_lag"])
+    enqueued = {r: p.enqueued for r, p in progress.items() if p.enqueued is not None}
+    completed = {r: p.completed for r, p in progress.items() if p.completed is not None}
+    straggler = _lagging(enqueued, min_lag)
+    if straggler is None:
+        straggler = _lagging(completed, min_lag)
+    if straggler is not None and not _has_own_failure(ctx, straggler):
+        mine = progress[straggler]
+        others = sorted(r for r in progress if r != straggler)
+        body = (
+            f"rank {straggler} fell behind in its collectives: last enqueued NCCL work "
+            f"{mine.enqueued}, last completed {mine.completed}, while ranks "
+            f"{_ranks(others)} waited on later work and timed out"
+        )
+        found = _derived(ctx, straggler, LAGGING_SIGNATURE, body, timeouts)
+        return Finding("absent_from_collective", found, note="progress_numbers", derived=True)
+    world = _world_size(ctx)
+    if world is None or any(r >= world for r in reporters):
+        return None
+    absent = sorted(set(range(world)) - reporters)
+    if not absent or len(absent) > int(limits["max_absent_ranks"]):
+        return None
+    if any(_has_own_failure(ctx, rank) for rank in absent):
+        return None
+    missing = absent[0]
+    which = (
+        f"rank {missing} is the only rank"
+        if len(absent) == 1
+        else f"ranks {_ranks(absent)} are the only ranks"
+    )
+    body = (
+        f"{which} of {world} that did not report the collective timeout ranks "
+        f"{_ranks(sorted(reporters))} reported: {'it' if len(absent) == 1 else 'they'} never "
+        "reached the collective"
+    )
+    found = _derived(ctx, missing, ABSENT_SIGNATURE, body, timeouts)
+    return Finding("absent_from_collective", found, derived=True)
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}–{ranks[-1]}"
+    return ", ".join(map(str, ranks[:12])) + (" …" if len(ranks) > 12 else "")
