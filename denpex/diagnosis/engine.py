@@ -243,6 +243,38 @@ def _frame(items: list[Evidence]) -> str | None:
     return next((f for f in (_str_attr(e, "frame") for e in items) if f), None)
 
 
+def _place(
+    ctx: RuleContext, root: Evidence, chain: list[Evidence]
+) -> tuple[str | None, int | None]:
+    """Host and rank of a cause whose own line names no rank: the one rank the rest of its
+    incident names (the OOM report's victim line after its "invoked oom-killer" line), else,
+    for hardware, the one rank on its host whose specific failures it explains."""
+    host, rank = root.event.host, root.event.rank
+    if rank is not None:
+        return host, rank
+    cfg = ctx.config
+
+    def near(item: Evidence) -> bool:
+        gap = seconds_between(root, item)
+        if gap is not None:
+            return abs(gap) <= float(cfg["explains_window_s"])
+        return abs(item.event.seq - root.event.seq) <= int(cfg["explains_lines"])
+
+    def beside(item: Evidence) -> bool:
+        return item.event.rank is not None and (host is None or item.event.host in (None, host))
+
+    own = [e for e in ctx.evidence if e.category == root.category and beside(e) and near(e)]
+    if not own and cfg.is_infrastructure(root.category):
+        own = [
+            e
+            for e in chain
+            if e is not root and ctx.tier(e.category) == "specific" and beside(e) and near(e)
+        ]
+    if len({e.event.rank for e in own}) != 1:
+        return host, None
+    return host or own[0].event.host, own[0].event.rank
+
+
 def _cause(
     ctx: RuleContext,
     finding: Finding,
@@ -250,8 +282,10 @@ def _cause(
     data: DiagnosisInput,
     taxonomy: Taxonomy,
     dropped: int,
+    chain: list[Evidence] | None = None,
 ) -> RootCause:
     root = finding.root
+    host, rank = _place(ctx, root, chain or [root])
     items = ordered(
         [root, *[e for e in ctx.evidence if e.category == root.category and e is not root]]
     )
@@ -261,8 +295,8 @@ def _cause(
         category=root.category,
         signature=root.signature,
         confidence=_confidence(ctx, finding, cfg, dropped),
-        host=root.event.host,
-        rank=root.event.rank,
+        host=host,
+        rank=rank,
         evidence=[e.id for e in items][:_MAX_IDS],
         explanation=explanation or root.summary,
         rule=finding.rule,
@@ -334,7 +368,7 @@ def diagnose(
         must=[f.root for f, _ in findings] + shown_context[:2],
     )
     diagnosis.status = "failed"
-    diagnosis.root_cause = _cause(ctx, finding, cfg, data, taxonomy, dropped)
+    diagnosis.root_cause = _cause(ctx, finding, cfg, data, taxonomy, dropped, chain)
     if findings:
         diagnosis.root_cause.confidence = round(
             max(
@@ -343,7 +377,7 @@ def diagnose(
             ),
             2,
         )
-    diagnosis.findings = [_cause(job, f, cfg, data, taxonomy, dropped) for f, _ in findings]
+    diagnosis.findings = [_cause(job, f, cfg, data, taxonomy, dropped, c) for f, c in findings]
     diagnosis.contributing = _contributing(ctx, root, roles)
     diagnosis.timeline = _timeline_entries(picked, roles.of)
     diagnosis.actions = _actions(root, cfg, data.explanations)

@@ -10,12 +10,15 @@ timeouts; it never blames a rank that printed a failure of its own (that rank cr
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from denpex.core.events import Event, Evidence
+from denpex.core.events import Event, Evidence, severity_rank
 from denpex.diagnosis.context import Finding, RuleContext
 from denpex.diagnosis.timeline import earliest
 
+# ProcessGroupNCCL's "[PG ID 3 PG GUID 5 Rank 1]" / "[PG 3 Rank 1]": counters are per group
+_PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(\d{1,6})\b")
 LAGGING_SIGNATURE = "train.hang.lagging_collective"
 ABSENT_SIGNATURE = "train.hang.absent_from_collective"
 _EXPLAIN = {
@@ -58,8 +61,14 @@ def _reporter(item: Evidence) -> int | None:
 
 
 def _progress(timeouts: list[Evidence]) -> dict[int, _Progress]:
-    numbers: dict[int, _Progress] = {}
+    """Each rank's NCCL work counters in the process group most ranks report on."""
+    groups: dict[str, list[Evidence]] = {}
     for item in timeouts:
+        found = _PROCESS_GROUP.search(item.event.body)
+        groups.setdefault(found.group(1) if found else "", []).append(item)
+    widest = max(groups.values(), key=lambda g: (len({_reporter(e) for e in g}), -len(g)))
+    numbers: dict[int, _Progress] = {}
+    for item in widest:
         rank = _reporter(item)
         enqueued, completed = (
             _int(item.captures.get("enqueued")),
@@ -149,7 +158,16 @@ def absent_from_collective(ctx: RuleContext) -> Finding | None:
     reporters = {r for r in map(_reporter, timeouts) if r is not None}
     if len(reporters) < int(limits["min_reporting_ranks"]):
         return None
-    progress = _progress(timeouts)
+    # the counters also come in warnings: every rank, the straggler too, prints them when
+    # asked to dump its flight recorder
+    counted = [
+        e
+        for e in ctx.evidence
+        if cfg.is_collective_timeout(e.category)
+        and severity_rank(e.severity) >= 1
+        and ("enqueued" in e.captures or "completed" in e.captures)
+    ]
+    progress = _progress(counted) if counted else {}
     min_lag = int(limits["min_lag"])
     enqueued = {r: p.enqueued for r, p in progress.items() if p.enqueued is not None}
     completed = {r: p.completed for r, p in progress.items() if p.completed is not None}

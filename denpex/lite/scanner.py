@@ -1,8 +1,12 @@
 """Turns raw output bytes into Evidence: line splitting, ANSI stripping, catalog matching.
 
 Lines are matched in batches on their raw bytes; only lines that match are parsed for
-prefixes (rank, host, time), so ordinary output costs one pass of the matcher. Never writes
-anywhere: pass-through is the runner's job, reporting the session's.
+prefixes (rank, host, time), so ordinary output costs one pass of the matcher. Each piece of
+evidence keeps where it came from (attrs `file`, `line`, and `frame` for a traceback) and,
+on a live stream, the time its first byte arrived. A line without a rank of its own never
+takes a neighbour's: only the stream's own rank (a file name, `--rank`) or its process (a
+pid the wrapper or a launcher summary maps to a rank). Never writes anywhere: pass-through
+is the runner's job, reporting the session's.
 """
 
 from __future__ import annotations
@@ -17,19 +21,17 @@ from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
+from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
 _ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _LOOKBACK_FOR_TIME = 40
-# facts a job states about itself, used to attribute evidence to hosts and ranks:
-# NCCL's "comm 0x… rank 13 nranks 16 cudaDev 5 nvmlDev 5 busId 3b000" (GPU → rank) and
-# torchrun's failure summary "host : node7 / rank : 3 (local_rank: 3)" (rank → host)
+# facts a job states about itself, used to attribute evidence to hosts and ranks: NCCL's
+# "comm 0x… rank 13 nranks 16 cudaDev 5 nvmlDev 5 busId 3b000" (GPU → rank); launcher
+# summaries (pid → rank, rank → host) are read by denpex.lite.processes
 _NCCL_COMM = re.compile(
     rb" rank (\d{1,6}) nranks \d{1,6} cudaDev (\d{1,3}) (?:nvmlDev \d{1,3} )?busId ([0-9a-fA-F]{1,12})"
-)
-_ELASTIC_SUMMARY = re.compile(
-    rb"host {0,16}: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})[ \t]*\n[^\n]{0,40}rank {0,16}: (\d{1,6})"
 )
 # NCCL's own line prefix "node7:4100:4100 [3] NCCL INFO …" names the host that printed it
 _NCCL_LINE_HOST = re.compile(
@@ -38,6 +40,8 @@ _NCCL_LINE_HOST = re.compile(
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
 )
+# captures that name the process a line is about ("Killed process 42431", "pid: 42431")
+_PID_CAPTURES = ("pid", "pid_table", "pid2", "worker_pid")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
 
 
@@ -67,7 +71,11 @@ class StreamState:
     year: int | None = None  # completes glog/syslog times, which carry no year
     nccl_hosts: set[str] = field(default_factory=set)  # hosts named by NCCL's line prefixes
     hosts_seen: dict[str, int] = field(default_factory=dict)
-    ranks_seen: dict[int, int] = field(default_factory=dict)
+    launcher: LauncherState = field(default_factory=LauncherState)
+    newlines: int = 0  # b"\n" seen before the current chunk: line numbers start from it
+    partial: bool = False  # a line has begun and not yet ended
+    partial_line: int = 1  # the line number of that line
+    partial_ns: int | None = None  # when its first byte arrived (live streams)
 
 
 class Scanner:
@@ -84,8 +92,8 @@ class Scanner:
         self.evidence_dropped = 0
         self.rank_of_gpu: dict[tuple[str | None, int], int] = {}  # (host, bus id) → rank
         self.rank_of_device: dict[tuple[str | None, int], int] = {}  # (host, cudaDev) → rank
-        self.host_of_rank: dict[int, str] = {}
-        self.rank_of_pid: dict[int, int] = {}  # what the wrapper learnt of its processes
+        self.facts = JobFacts()  # pid → rank, rank → host, world size
+        self.host_of_rank = self.facts.host_of_rank
         self._seq = 0
         self.sdk_messages = 0  # SDK Evidence/Events taken in (socket or `denpex-sdk:` lines)
         self.sdk_bad_lines = 0  # `denpex-sdk:` lines that could not be decoded
@@ -103,21 +111,40 @@ class Scanner:
             self.streams[name] = state
         return state
 
+    def note_process(
+        self,
+        pid: int,
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        host: str | None = None,
+    ) -> None:
+        """Record what is known of one of the job's processes (the wrapper reads it from
+        `/proc/PID/environ`): evidence about that pid and without a rank takes this one."""
+        self.facts.processes.note(pid, rank=rank, local_rank=local_rank, host=host)
+
     def feed(
         self, name: str, data: bytes, *, gap: bool = False, arrival_ns: int | None = None
     ) -> None:
         """Scan a chunk of stream `name`; `gap` means bytes were lost just before it;
-        `arrival_ns` (live streams) times the lines that carry no time of their own."""
+        `arrival_ns` (live streams) times the lines that carry no time of their own: each
+        line gets the arrival of the chunk its first byte came in."""
         state = self.stream(name)
         if gap:
             state.splitter.reset()
+            state.partial = False
         self.bytes += len(data)
-        self._scan(state, state.splitter.feed(data), arrival_ns)
+        continued = state.partial
+        lines = state.splitter.feed(data)
+        self._scan(state, lines, arrival_ns, data=data, continued=continued)
+        _advance(state, data, arrival_ns)
 
     def close(self, name: str, arrival_ns: int | None = None) -> None:
         state = self.streams.get(name)
         if state is not None:
-            self._scan(state, state.splitter.flush(), arrival_ns)
+            lines = state.splitter.flush()
+            self._scan(state, lines, arrival_ns, continued=bool(lines))
+            state.partial = False
 
     def close_all(self) -> None:
         for name in list(self.streams):
@@ -131,26 +158,25 @@ class Scanner:
         for match in self.catalog.match_lines([raw]):
             self._add_evidence(state, parsed, match.signature, raw, self._seq)
 
-    def note_process(
-        self,
-        pid: int,
-        *,
-        rank: int | None = None,
-        local_rank: int | None = None,
-        host: str | None = None,
-    ) -> None:
-        """What is known of one process: evidence with its pid and no rank takes its rank."""
-        if rank is not None:
-            self.rank_of_pid[pid] = rank
-
     @property
     def truncated_bytes(self) -> int:
         return sum(s.splitter.truncated_bytes for s in self.streams.values())
 
     # -- matching ------------------------------------------------------------------------
-    def _scan(self, state: StreamState, lines: list[bytes], arrival_ns: int | None = None) -> None:
+    def _scan(
+        self,
+        state: StreamState,
+        lines: list[bytes],
+        arrival_ns: int | None = None,
+        *,
+        data: bytes = b"",
+        continued: bool = False,
+    ) -> None:
+        """Match one batch of complete lines. `data` is the chunk they came from (for line
+        numbers); `continued`: the first line began in an earlier chunk."""
         if not lines:
             return
+        raw_lines = lines
         lines = [strip_ansi(line) for line in lines]
         first_seq = self._seq + 1
         self._seq += len(lines)
@@ -164,7 +190,7 @@ class Scanner:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
-        if STDERR_PREFIX in self._learn_attribution(state, lines, parsed_at):
+        if STDERR_PREFIX in self._learn_attribution(state, lines, parsed_at, first_seq):
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
@@ -176,10 +202,20 @@ class Scanner:
                 kept.signature.severity
             ):
                 best[key] = match
-        for match in sorted(best.values(), key=lambda m: m.line_index):
+        matched = sorted(best.values(), key=lambda m: m.line_index)
+        numbers = _line_numbers(
+            state, data, raw_lines, sorted({m.line_index for m in matched}), continued
+        )
+        for match in matched:
             parsed = parsed_at(match.line_index)
-            if parsed.ts_ns is None and arrival_ns is not None:
-                parsed.ts_ns = arrival_ns
+            if match.line_index in numbers:
+                parsed.attrs["file"] = state.name
+                parsed.attrs["line"] = numbers[match.line_index]
+            # a live line is timed by its first byte: a line that began in an earlier chunk
+            # arrived then, not when its end (or the process's exit) flushed it
+            arrived = state.partial_ns if continued and match.line_index == 0 else arrival_ns
+            if parsed.ts_ns is None and arrived is not None:
+                parsed.ts_ns = arrived
                 parsed.attrs["ts_arrival"] = True
             elif parsed.ts_ns is None:
                 parsed.ts_ns = self._time_before(state, parsed_at, match.line_index)
@@ -195,9 +231,12 @@ class Scanner:
                 state.last_ts_ns = ts
                 break
 
-    def _learn_attribution(self, state: StreamState, lines: list[bytes], parsed_at) -> bytes:
+    def _learn_attribution(
+        self, state: StreamState, lines: list[bytes], parsed_at, first_seq: int
+    ) -> bytes:
         """Learns who is who from the lines; returns them joined (one copy, reused)."""
         joined = b"\n".join(lines)
+        learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq)
         if b" NCCL " in joined and len(state.nccl_hosts) < 2:
             for named in _NCCL_LINE_HOST.finditer(joined):
                 state.nccl_hosts.add(named.group(1).decode())
@@ -209,9 +248,6 @@ class Scanner:
                         host, rank = parsed_at(index).host, int(found.group(1))
                         self.rank_of_gpu[(host, int(found.group(3), 16))] = rank
                         self.rank_of_device[(host, int(found.group(2)))] = rank
-        if b"local_rank" in joined:
-            for found in _ELASTIC_SUMMARY.finditer(joined):
-                self.host_of_rank[int(found.group(2))] = found.group(1).decode()
         if b"srun: error: " in joined:
             for found in _SRUN_TASKS.finditer(joined):
                 for rank in _rank_list(found.group(2).decode()):
@@ -303,13 +339,17 @@ class Scanner:
         # a message about another host or rank ("srun: error: node3: task 3: Killed") names
         # its subject in the captures, which outrank the prefix of the line that carried it
         host = captures.get("host") or parsed.host or state.host or self.default_host
+        own_rank = parsed.rank if parsed.rank is not None else state.rank
         rank = _int(captures.get("rank"))
         if rank is None:
-            rank = parsed.rank if parsed.rank is not None else state.rank
+            rank = own_rank
+        elif own_rank is not None and own_rank != rank:
+            parsed.attrs["printed_by_rank"] = own_rank  # "… from rank 0" printed by rank 3
         if host:
             state.hosts_seen[host] = state.hosts_seen.get(host, 0) + 1
-        if rank is not None and not parsed.attrs.get("rank_from_message"):
-            state.ranks_seen[rank] = state.ranks_seen.get(rank, 0) + 1
+        frame = innermost_frame(state.launcher, parsed.host, parsed.rank, seq)
+        if frame is not None:
+            parsed.attrs["frame"] = frame
         event = Event(
             body=body.decode("utf-8", "replace"),
             ts_ns=parsed.ts_ns,
@@ -323,16 +363,15 @@ class Scanner:
         self.evidence.append(signature.evidence(event, captures, f"e{len(self.evidence) + 1}"))
 
     def apply_stream_defaults(self) -> None:
-        """Attribute evidence that lacks a host or rank: a GPU's PCI address → the rank NCCL
-        put on it, a rank → the host torchrun's summary names, else the one host/rank its
-        stream consistently shows."""
+        """Attribute evidence that lacks a host or rank: the process it is about → its rank
+        (note_process, launcher summaries), a GPU's PCI address → the rank NCCL put on it, a
+        rank → the host torchrun's summary names, else the stream's own host and rank."""
+        self._ranks_from_processes()
         gpus_by_bus: dict[int, set[tuple[str | None, int]]] = {}
         for (gpu_host, bus), gpu_rank in self.rank_of_gpu.items():
             gpus_by_bus.setdefault(bus, set()).add((gpu_host, gpu_rank))
         for evidence in self.evidence:
             event = evidence.event
-            if event.rank is None and event.pid is not None:
-                event.rank = self.rank_of_pid.get(event.pid)
             gpu_bus = pci_bus_id(evidence.captures.get("pci", ""))
             if event.rank is None and gpu_bus is not None:
                 event.rank = self.rank_of_gpu.get((event.host, gpu_bus))
@@ -350,7 +389,7 @@ class Scanner:
             # wrong node (and draining it) is worse than naming none
             named = {*state.hosts_seen, *state.nccl_hosts, *named_hosts}
             host = state.host or _single(dict.fromkeys(named))
-            rank = state.rank if state.rank is not None else _single(state.ranks_seen)
+            rank = state.rank
             if host is None and rank is None:
                 continue
             for evidence in self.evidence:
@@ -361,6 +400,41 @@ class Scanner:
                     event.host = host
                 if event.rank is None and rank is not None:
                     event.rank = rank
+
+        if self.facts.world_size:
+            for evidence in self.evidence:
+                evidence.event.attrs.setdefault("world_size", self.facts.world_size)
+
+    def _ranks_from_processes(self) -> None:
+        """Evidence about a process (its pid captured, or the pid that printed it) takes that
+        process's rank; a local rank counts as the rank only on a job of one host."""
+        if not len(self.facts.processes):
+            return
+        hosts = {e.event.host for e in self.evidence if e.event.host}
+        hosts.update(self.host_of_rank.values())
+        single_host = len(hosts) <= 1
+        for evidence in self.evidence:
+            event = evidence.event
+            if event.rank is not None:
+                continue
+            pid = next(
+                (_int(evidence.captures.get(k)) for k in _PID_CAPTURES if evidence.captures.get(k)),
+                None,
+            )
+            info = self.facts.processes.lookup(
+                pid if pid is not None else event.pid or -1, event.host
+            )
+            if info is None:
+                continue
+            if info.local_rank is not None:
+                event.attrs["local_rank"] = info.local_rank
+            rank = (
+                info.rank if info.rank is not None else (info.local_rank if single_host else None)
+            )
+            if rank is not None:
+                event.rank = rank
+                event.attrs["rank_from_pid"] = info.pid
+            event.host = event.host or info.host
 
     def stats(self) -> dict[str, int]:
         stats = {
@@ -375,6 +449,49 @@ class Scanner:
             stats["sdk_bad_lines"] = self.sdk_bad_lines
             stats["sdk_dropped_messages"] = sum(self.sdk_dropped.values())
         return stats
+
+
+def _advance(state: StreamState, data: bytes, arrival_ns: int | None) -> None:
+    """After a chunk: where the next line starts (its number, when its first byte came)."""
+    if not data:
+        return
+    newlines = data.count(b"\n")
+    if data[-1:] in (b"\n", b"\r"):
+        state.partial = False
+    elif newlines or b"\r" in data or not state.partial:
+        # a new line began after the chunk's last line end (else the open one goes on)
+        state.partial, state.partial_line = True, state.newlines + newlines + 1
+        state.partial_ns = arrival_ns
+    state.newlines += newlines
+
+
+def _line_numbers(
+    state: StreamState, data: bytes, lines: list[bytes], wanted: list[int], continued: bool
+) -> dict[int, int]:
+    """Line numbers (from 1, counting b"\n") of the lines at `wanted` (sorted indexes into
+    `lines`, the splitter's output for `data`), found by searching `data` for each line at a
+    line start: only matched lines pay for this, at the speed of bytes.find."""
+    numbers: dict[int, int] = {}
+    pos = count_pos = 0
+    count = state.newlines
+    if continued:
+        ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
+        pos = min(ends) if ends else len(data)
+    for index in wanted:
+        if index == 0 and continued:
+            numbers[0] = state.partial_line
+            continue
+        line = lines[index]
+        at = data.find(line, pos)
+        while at > 0 and data[at - 1 : at] not in (b"\n", b"\r"):
+            at = data.find(line, at + 1)
+        if at < 0:
+            break
+        count += data.count(b"\n", count_pos, at)
+        count_pos = pos = at
+        numbers[index] = count + 1
+        pos = at + len(line)
+    return numbers
 
 
 def _rank_list(text: str) -> list[int]:
