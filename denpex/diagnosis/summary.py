@@ -44,18 +44,30 @@ class Story:
     findings: list[Evidence]  # roots of further, independent failures
 
 
-def where(item: Evidence) -> str:
+def where(item: Evidence, host: str | None = None, rank: int | None = None) -> str:
+    """`rank 3 on node7`, from the evidence or from the place a diagnosis gave it."""
+    rank = item.event.rank if rank is None else rank
+    host = host or item.event.host
     parts = []
-    if item.event.rank is not None:
-        parts.append(f"rank {item.event.rank}")
-    if item.event.host:
-        parts.append(f"on {item.event.host}" if parts else f"host {item.event.host}")
+    if rank is not None:
+        parts.append(f"rank {rank}")
+    if host:
+        parts.append(f"on {host}" if parts else f"host {host}")
     return " ".join(parts)
 
 
 def _clock(item: Evidence) -> str:
     stamp = format_ts(item.event.ts_ns)
     return f"{stamp[11:19]} UTC" if stamp else ""
+
+
+def _when(item: Evidence) -> str:
+    """`at 12:21:08 UTC`; `after …` when the line has no time of its own and took the time of a
+    line before it (a lower bound, not when it happened)."""
+    clock = _clock(item)
+    if not clock:
+        return ""
+    return f"after {clock}" if item.event.attrs.get("ts_inherited") else f"at {clock}"
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -76,12 +88,12 @@ def _exit_text(diagnosis: Diagnosis) -> str:
     return ""
 
 
-def _headline(item: Evidence, taxonomy: Taxonomy) -> str:
+def _headline(
+    item: Evidence, taxonomy: Taxonomy, host: str | None = None, rank: int | None = None
+) -> str:
     """`<what> (<where> at <time>)` of one piece of evidence, without a final stop."""
     title = item.summary or (taxonomy[item.category].title if item.category in taxonomy else "")
-    inside = " ".join(
-        part for part in (where(item), f"at {_clock(item)}" if _clock(item) else "") if part
-    )
+    inside = " ".join(part for part in (where(item, host, rank), _when(item)) if part)
     return f"{title} ({inside})" if inside else title
 
 
@@ -89,7 +101,7 @@ def context_text(context: list[Evidence]) -> str:
     """One sentence per kind of host context: what, when, and that it is not this job's."""
     sentences = []
     for item in list({e.category: e for e in reversed(context)}.values())[::-1][:3]:
-        when = f" at {_clock(item)}" if _clock(item) else ""
+        when = f" {_when(item)}" if _when(item) else ""
         reason = item.event.attrs.get("attribution_reason")
         why = f" ({reason})" if isinstance(reason, str) and reason else ""
         sentences.append(
@@ -143,7 +155,8 @@ def summarize(diagnosis: Diagnosis, story: Story, taxonomy: Taxonomy) -> str:
             if p
         )
 
-    text = _headline(root, taxonomy) + "."
+    cause = diagnosis.root_cause
+    text = _headline(root, taxonomy, cause.host, cause.rank) + "."
     if diagnosis.root_cause.rule == "warnings_on_failure":
         text = f"No error line matched; the strongest lead is a warning: {text}"
     if diagnosis.root_cause.attribution == "host":

@@ -13,15 +13,17 @@ from typing import Any
 
 from denpex.lite.report_text import (
     as_dict,
+    cause_location,
     clean_lines,
     clean_text,
     exit_text,
+    finding_text,
     format_bytes,
     format_clock,
     parse_ts,
 )
 
-_ROLES = ("cause", "symptom", "related", "observed")
+_ROLES = ("cause", "symptom", "related", "observed", "finding", "context")
 _LINE_PREVIEW = 320  # characters of an evidence line shown before "show all"
 _SVG_W, _LABEL_W, _PAD_R, _TOP, _LANE_H, _BOTTOM = 1000, 170, 40, 58, 40, 30
 _CSP = "default-src 'none'; style-src 'unsafe-inline'"  # the browser loads nothing, runs nothing
@@ -53,6 +55,7 @@ td small{display:block;color:var(--muted)} tr.cause td{background:#fdecea}
 tr:target td{background:#fff3bf} details summary{cursor:pointer;color:var(--blue);font-size:12px}
 .role{font-weight:600} .r-cause{color:var(--red)} .r-symptom{color:var(--amber)}
 .r-related{color:var(--blue)} .r-observed{color:var(--muted)} .empty{color:var(--muted);margin:0}
+.r-finding{color:var(--red)} .r-context{color:var(--muted);font-style:italic}
 section p{margin:0 0 8px} section p:last-child{margin:0} svg{display:block;width:100%;height:auto}
 svg text{font:12px system-ui,-apple-system,"Segoe UI",Roboto,Arial,sans-serif;fill:var(--muted)}
 svg .lane-label{fill:var(--ink);font-weight:600} svg .id{font-size:11px} .lane-bg{fill:#f6f8fa}
@@ -60,6 +63,7 @@ svg .lane-label{fill:var(--ink);font-weight:600} svg .id{font-size:11px} .lane-b
 .m-cause{fill:var(--red);stroke:#fff;stroke-width:2} .halo{fill:var(--red);opacity:.18}
 .m-symptom{fill:#fff;stroke:var(--amber);stroke-width:2.5}
 .m-related{fill:var(--blue);stroke:#fff;stroke-width:1.5} .m-observed{fill:var(--grey)}
+.m-finding{fill:#fff;stroke:var(--red);stroke-width:2.5} .m-context{fill:#fff;stroke:var(--grey)}
 .link{fill:none;stroke:var(--amber);stroke-width:1.3;stroke-dasharray:4 3;opacity:.75}
 footer{color:var(--muted);font-size:12px;text-align:center;margin:8px 0 20px}
 """
@@ -101,6 +105,7 @@ def render_html(diag: dict[str, Any], *, title: str = "denpex diagnosis") -> str
         _verdict(diag, rc, title),
         _dropped(stats),
         _section("summary", "Summary", summary),
+        _section("findings", "Also failed, independently", _findings(diag.get("findings"))),
         _actions(diag.get("actions")),
         _section("timeline", "Timeline", _timeline_svg(entries, cause_ids)),
         _section("evidence", "Evidence", _evidence_table(entries, cause_ids)),
@@ -147,6 +152,12 @@ def _verdict(diag: dict[str, Any], rc: dict[str, Any], title: str) -> str:
         ]
         if _where(rc.get("host"), rc.get("rank")):
             facts.append(("where", _esc(_where(rc.get("host"), rc.get("rank")))))
+        if cause_location(diag):
+            facts.append(("line", f"<code>{_esc(cause_location(diag))}</code>"))
+        if rc.get("frame"):
+            facts.append(("frame", f"<code>{_esc(rc.get('frame'))}</code>"))
+        if rc.get("attribution") == "host":
+            facts.append(("attribution", "host context, not tied to this job"))
     dl = "".join(f"<div><dt>{k}</dt><dd>{v}</dd></div>" for k, v in facts)
     explain = rc.get("explanation") if kind == "failed" and rc.get("title") else ""
     return (
@@ -157,6 +168,15 @@ def _verdict(diag: dict[str, Any], rc: dict[str, Any], title: str) -> str:
         + (f'<dl class="facts">{dl}</dl>\n' if dl else "")
         + "</header>"
     )
+
+
+def _findings(items: object) -> str:
+    rows = [
+        f"<li>{_esc(finding_text(item))}</li>"
+        for item in (items if isinstance(items, list) else [])
+        if isinstance(item, dict)
+    ]
+    return f"<ul>{''.join(rows)}</ul>" if rows else ""
 
 
 def _dropped(stats: dict[str, Any]) -> str:
@@ -215,7 +235,7 @@ _LEGEND = (
     '<circle class="m-observed" cx="285" cy="14" r="6"/><text x="297" y="18">observed</text>'
     '<path class="link" d="M380,14 h34"/><text x="422" y="18">cause led to symptom</text>'
 )
-_RADIUS = {"cause": 9, "symptom": 6, "related": 5, "observed": 4}
+_RADIUS = {"cause": 9, "symptom": 6, "related": 5, "observed": 4, "finding": 7, "context": 4}
 
 
 def _lane_key(entry: dict[str, Any]) -> tuple[str, int | None]:

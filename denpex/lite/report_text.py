@@ -14,7 +14,12 @@ from typing import Any
 # A line is built as segments (text, style); styles become ANSI SGR codes only with colour.
 Segment = tuple[str, str]
 _SGR = {"bad": "1;31", "good": "1;32", "warn": "1;33", "bold": "1", "dim": "2", "head": "1"}
-_ROLE_LABEL = {"cause": ("CAUSE", "bad"), "symptom": ("symptom", "dim")}
+_ROLE_LABEL = {
+    "cause": ("CAUSE", "bad"),
+    "symptom": ("symptom", "dim"),
+    "finding": ("ALSO", "warn"),
+    "context": ("host", "dim"),
+}
 _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]|\x9b[0-?]*[ -/]*[@-~]"  # CSI
     r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC, DCS, SOS, PM, APC strings
@@ -220,6 +225,11 @@ def render_text(diag: dict[str, Any], *, color: bool, width: int = 80) -> str:
 def _render_ok(out: _Lines, diag: dict[str, Any], ended: str) -> None:
     verdict = f"job finished OK ({ended})" if ended else "OK"
     out.para(("denpex: ", ""), (verdict, "good"), (" — no failure found", ""), indent=0, hang=2)
+    context = [c for c in _dicts(diag.get("contributing")) if c.get("role") == "context"]
+    if context:
+        total = sum(_count(c) for c in context)
+        kinds = ", ".join(clean_text(c.get("category")) for c in context[:4])
+        out.para((f"{total} host event(s) not tied to this job: {kinds}", "dim"), hang=4)
     seen = [c for c in _dicts(diag.get("contributing")) if c.get("role") == "observed"]
     if seen:
         total = sum(_count(c) for c in seen)
@@ -251,12 +261,21 @@ def _render_failed(out: _Lines, diag: dict[str, Any], rc: dict[str, Any], ended:
     facts = [f"{k}\xa0{clean_text(rc.get(k))}" for k in ("signature", "rule", "host") if rc.get(k)]
     if rc.get("rank") is not None:
         facts.append(f"rank\xa0{clean_text(rc.get('rank'))}")
+    where = cause_location(diag)
+    if where:
+        facts.append(f"at\xa0{where}")
+    if rc.get("frame"):
+        facts.append(f"in\xa0{clean_text(rc.get('frame'))}")
+    if rc.get("attribution") == "host":
+        facts.append("host\xa0context, not\xa0tied\xa0to\xa0this\xa0job")
     if facts and category != "unknown":
         out.para(("\xa0· ".join(facts), "dim"))
     for paragraph in clean_lines(diag.get("summary")):
         if not any(paragraph in line for line in title):
             out.para((paragraph, ""))
     _render_dropped(out, diag.get("stats"))
+    for finding in _dicts(diag.get("findings")):
+        out.add(("also: ", "warn"), (finding_text(finding), ""))  # one line each, cut to width
     _render_timeline(out, diag)
     actions = _dicts(diag.get("actions"))
     if actions:
@@ -268,6 +287,34 @@ def _render_failed(out: _Lines, diag: dict[str, Any], rc: dict[str, Any], ended:
     _render_stats(out, diag.get("stats"))
     for note in [clean_text(n) for n in diag.get("notes") or []][:3]:
         out.para((f"note: {note}", "dim"), indent=0, hang=2)
+
+
+def cause_location(diag: dict[str, Any]) -> str:
+    """`file:line` of the root cause's first line, from its timeline row, or ''."""
+    ids = (as_dict(diag.get("root_cause")).get("evidence") or [])[:1]
+    for row in _dicts(diag.get("timeline")):
+        if row.get("id") in ids and row.get("file") and _int(row.get("lineno")):
+            return f"{clean_text(row['file'])}:{row['lineno']}"
+    return ""
+
+
+def finding_text(finding: dict[str, Any]) -> str:
+    """One independent finding in a line: category, where, what."""
+    where = " ".join(
+        p
+        for p in (
+            f"rank {clean_text(finding.get('rank'))}" if finding.get("rank") is not None else "",
+            f"on {clean_text(finding.get('host'))}" if finding.get("host") else "",
+        )
+        if p
+    )
+    what = clean_lines(finding.get("title"))[:1] or clean_lines(finding.get("explanation"))[:1]
+    head = clean_text(finding.get("category")) + (f" ({where})" if where else "")
+    return (
+        head
+        + (f" — {what[0]}" if what else "")
+        + " — a failure of its own, not caused by the root cause"
+    )
 
 
 def _render_timeline(out: _Lines, diag: dict[str, Any]) -> None:
