@@ -76,6 +76,8 @@ class Diagnosis:
     actions: list[Action] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # checks that stopped running during the run: {check, since_step, reason, host, rank}
+    coverage_lost: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         stats = {"bytes": 0, "lines": 0, "matches": 0, "dropped_analysis_bytes": 0}
@@ -92,6 +94,7 @@ class Diagnosis:
             "actions": [asdict(a) for a in self.actions],
             "stats": stats,
             "notes": list(self.notes),
+            "coverage_lost": [dict(c) for c in self.coverage_lost],
         }
 
 

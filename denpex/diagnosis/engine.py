@@ -23,7 +23,7 @@ from denpex.diagnosis.context import (
 )
 from denpex.diagnosis.hangs import explanation as hang_explanation
 from denpex.diagnosis.rules import RULES, integrity_on_success
-from denpex.diagnosis.summary import Story, action_reason, summarize
+from denpex.diagnosis.summary import Story, action_reason, coverage_note, summarize
 from denpex.diagnosis.timeline import before, line_key, ordered, pick_timeline, seconds_between
 
 _MAX_IDS = 20
@@ -39,6 +39,7 @@ class DiagnosisInput:
     stats: dict[str, int] = field(default_factory=dict)
     explanations: Mapping[str, str] = field(default_factory=dict)  # signature id → explain
     notes: list[str] = field(default_factory=list)
+    coverage_lost: list[dict] = field(default_factory=list)  # Scanner.coverage_lost
 
 
 def signal_name(number: int | None) -> str | None:
@@ -320,7 +321,8 @@ def diagnose(
         exit_code=data.exit_code,
         exit_signal=exit_signal,
         stats=dict(data.stats),
-        notes=list(data.notes),
+        notes=[*data.notes, *map(coverage_note, data.coverage_lost)],
+        coverage_lost=[dict(c) for c in data.coverage_lost],
     )
     dropped = int(data.stats.get("dropped_analysis_bytes", 0))
     job_failed = (data.exit_code not in (None, 0)) or data.exit_signal is not None

@@ -128,6 +128,18 @@ def later_lines(story: Story) -> list[Evidence]:
     return list(kept.values())
 
 
+def coverage_note(lost: Mapping[str, object]) -> str:
+    """`checksums off since step 5 on rank 2: Numpy is not available`."""
+    since = lost.get("since_step")
+    rank = lost.get("rank")
+    return (
+        f"{lost.get('check') or 'an SDK check'} off"
+        + (f" since step {since}" if isinstance(since, int) else "")
+        + (f" on rank {rank}" if isinstance(rank, int) else "")
+        + (f": {lost['reason']}" if lost.get("reason") else "")
+    )
+
+
 def summarize(diagnosis: Diagnosis, story: Story, taxonomy: Taxonomy) -> str:
     exit_text = _exit_text(diagnosis)
     root, ctx = story.root, story.ctx
@@ -137,6 +149,12 @@ def summarize(diagnosis: Diagnosis, story: Story, taxonomy: Taxonomy) -> str:
         failures = ctx.failures
         if diagnosis.status == "ok":
             text = "No failure found."
+            if diagnosis.coverage_lost:
+                text = (
+                    "No failure found, but the run was not fully checked: "
+                    + "; ".join(map(coverage_note, diagnosis.coverage_lost))
+                    + "."
+                )
             if failures or warnings:
                 text += (
                     f" {len(failures) + len(warnings)} warning or error line(s) were seen, "

@@ -11,6 +11,8 @@ import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
+from denpex.diagnosis.summary import coverage_note
+
 # A line is built as segments (text, style); styles become ANSI SGR codes only with colour.
 Segment = tuple[str, str]
 _SGR = {"bad": "1;31", "good": "1;32", "warn": "1;33", "bold": "1", "dim": "2", "head": "1"}
@@ -223,8 +225,21 @@ def render_text(diag: dict[str, Any], *, color: bool, width: int = 80) -> str:
 
 
 def _render_ok(out: _Lines, diag: dict[str, Any], ended: str) -> None:
-    verdict = f"job finished OK ({ended})" if ended else "OK"
-    out.para(("denpex: ", ""), (verdict, "good"), (" — no failure found", ""), indent=0, hang=2)
+    lost = _dicts(diag.get("coverage_lost"))
+    if lost:  # never a plain OK when a check stopped: say what was not watched
+        verdict = f"job finished ({ended})" if ended else "finished"
+        out.para(
+            ("denpex: ", ""),
+            (verdict, "warn"),
+            (" — no failure found, but the run was not fully checked", ""),
+            indent=0,
+            hang=2,
+        )
+        for item in lost[:4]:
+            out.para((f"not checked: {clean_text(coverage_note(item))}", "warn"), hang=4)
+    else:
+        verdict = f"job finished OK ({ended})" if ended else "OK"
+        out.para(("denpex: ", ""), (verdict, "good"), (" — no failure found", ""), indent=0, hang=2)
     context = [c for c in _dicts(diag.get("contributing")) if c.get("role") == "context"]
     if context:
         total = sum(_count(c) for c in context)

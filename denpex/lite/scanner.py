@@ -98,6 +98,9 @@ class Scanner:
         self.sdk_messages = 0  # SDK Evidence/Events taken in (socket or `denpex-sdk:` lines)
         self.sdk_bad_lines = 0  # `denpex-sdk:` lines that could not be decoded
         self.sdk_dropped: dict[tuple[str | None, int | None], int] = {}  # per (host, pid)
+        # SDK checks that stopped running (Event kind "state", body "sdk_coverage_lost"):
+        # the diagnosis says so and never reads as a plain OK
+        self.coverage_lost: list[dict[str, Any]] = []
         self._sdk_ids: set[str] = set()
         self._splitter_cls = native.load("linesplit").LineSplitter
 
@@ -297,6 +300,8 @@ class Scanner:
                 value = event.attrs.get("value")
                 if isinstance(value, int | float):
                     self.sdk_dropped[(event.host, event.pid)] = int(value)
+            elif event.kind == "state" and event.body == "sdk_coverage_lost":
+                self._coverage_lost(event)
             return
         if item.id in self._sdk_ids:
             return
@@ -312,6 +317,21 @@ class Scanner:
         event.attrs = {**event.attrs, "sdk_id": item.id, "stream": stream}
         item.id = f"e{len(self.evidence) + 1}"
         self.evidence.append(item)
+
+    def _coverage_lost(self, event: Event) -> None:
+        attrs = event.attrs
+        lost = {
+            "check": str(attrs.get("check") or "an SDK check"),
+            "since_step": attrs.get("since_step")
+            if isinstance(attrs.get("since_step"), int)
+            else None,
+            "reason": str(attrs.get("reason") or ""),
+            "host": event.host,
+            "rank": event.rank,
+        }
+        key = (lost["check"], lost["host"], lost["rank"])
+        if all((c["check"], c["host"], c["rank"]) != key for c in self.coverage_lost):
+            self.coverage_lost.append(lost)
 
     def _time_before(self, state: StreamState, parsed_at, index: int) -> int | None:
         for back in range(index - 1, max(-1, index - _LOOKBACK_FOR_TIME), -1):

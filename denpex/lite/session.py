@@ -286,6 +286,7 @@ class LiteSession:
                 stats=stats,
                 explanations=explanations,
                 notes=self.notes,
+                coverage_lost=self.scanner.coverage_lost,
             )
         )
         self.write_reports(self.diagnosis)

@@ -129,3 +129,26 @@ def test_silent_data_corruption_on_exit_0_is_not_ok():
     assert data["status"] == "failed" and data["exit"]["code"] == 0
     assert data["root_cause"]["category"] == "train.sdc"
     assert "FAILED" in text and "OK" not in text.split("—")[0]
+
+
+def test_a_check_that_stopped_running_never_reads_as_a_plain_ok():
+    from denpex.core.events import Event
+
+    scanner = scanned(b"step 100 loss 2.1\n")
+    lost = Event(
+        body="sdk_coverage_lost",
+        kind="state",
+        source="sdk",
+        rank=0,
+        attrs={"check": "checksums", "since_step": 5, "reason": "Numpy is not available"},
+    )
+    scanner.add_sdk(lost)
+    scanner.add_sdk(lost)  # said twice, noted once
+    data = diagnose(
+        DiagnosisInput(scanner.evidence, exit_code=0, coverage_lost=scanner.coverage_lost)
+    ).to_dict()
+    assert data["status"] == "ok" and len(data["coverage_lost"]) == 1
+    text = render_text(data, color=False, width=200)
+    assert "OK" not in text
+    assert "checksums off since step 5 on rank 0: Numpy is not available" in text
+    assert "checksums off since step 5" in data["summary"]
