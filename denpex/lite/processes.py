@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from denpex.lite.prefixes import parse_line
+
 _TABLE_HOST = re.compile(rb"^[ \t]{0,8}host[ \t]{0,16}: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})[ \t]*$")
 _TABLE_RANK = re.compile(rb"^[ \t]{0,8}rank[ \t]{0,16}: (\d{1,7}) \(local_rank: (\d{1,7})\)")
 _TABLE_EXIT = re.compile(rb"^[ \t]{0,8}exitcode[ \t]{0,16}: (-?\d{1,4}) \(pid: (\d{1,10})\)")
@@ -33,21 +35,15 @@ _WORLD_SIZE = re.compile(
     re.IGNORECASE,
 )
 _FRAME = re.compile(rb'^[ \t]{1,16}File "([^"\n]{1,1024})", line (\d{1,9}), in ([^ \t\n]{1,200})')
-_TRIGGERS = (
-    b"host ",  # torchrun's table: `  host      : node7`
-    b"local_rank",
-    b"(pid: ",
-    b"spawned with command",
-    b"Killing subprocess",
-    b"world_size",
-    b"WORLD_SIZE",
-    b"world size",
-    b"nranks",
-)
-_TABLE_REACH = 4  # lines between a table's `host`/`rank` line and its `exitcode` line
+# lines worth parsing hold one of these (each costs one bytes.find over a chunk); a table's
+# `exitcode : … (pid: N)` line is looked for only after its `rank : … (local_rank: …)` line,
+# its `host :` line and a traceback's frames are looked up from the line that needs them
+_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", b" nranks ")
+_TABLE_EXIT_TRIGGER = b"(pid: "
+_TABLE_REACH = 4  # lines between a table's `rank` line and its `exitcode` line
 _KILLING_REACH = 20  # lines between two `Killing subprocess` lines of one burst
 _FRAME_REACH = 4  # lines between a traceback's innermost frame and its exception line
-_FRAMES_KEPT = 8
+_TAIL = 4  # lines of the previous chunk kept for looking back across a chunk boundary
 
 
 @dataclass(slots=True)
@@ -98,10 +94,9 @@ class ProcessTable:
 class LauncherState:
     """Per stream: the parts of a launcher summary seen so far."""
 
-    table_host: tuple[int, str] | None = None  # (seq, host) of the last `host :` line
-    table_rank: tuple[int, int, int] | None = None  # (seq, rank, local_rank)
+    table_rank: tuple[int, int, int, str | None] | None = None  # seq, rank, local, host
     killing: dict[str | None, tuple[int, int]] = field(default_factory=dict)  # host → seq, n
-    frames: dict[tuple[str | None, int | None], list[tuple[int, str]]] = field(default_factory=dict)
+    tail: list[bytes] = field(default_factory=list)  # the previous chunk's last lines
 
 
 @dataclass(slots=True)
@@ -119,64 +114,94 @@ def learn(
     parsed_at: Callable,
     first_seq: int,
 ) -> None:
-    """Takes every process fact and traceback frame the chunk `lines` states."""
-    if b'File "' in joined:
-        for index, line in enumerate(lines):
-            if b'File "' in line:
-                _frame_line(state, parsed_at(index), first_seq + index)
-    if not any(t in joined for t in _TRIGGERS):
-        return
-    for index, line in enumerate(lines):
-        if any(t in line for t in _TRIGGERS):
-            _process_line(facts, state, parsed_at(index), first_seq + index)
+    """Takes every process fact the chunk `lines` states (`joined` is `lines` joined by
+    b"\\n"); only lines holding a trigger word are parsed."""
+    needles: tuple[bytes, ...] = _TRIGGERS
+    if state.table_rank is not None or b"local_rank" in joined:
+        needles = (*needles, _TABLE_EXIT_TRIGGER)
+    for index in lines_with(joined, needles):
+        before = _Before(state, lines, index, parsed_at)
+        _process_line(facts, state, parsed_at(index), first_seq + index, before)
+    state.tail = lines[-_TAIL:]
 
 
-def _frame_line(state: LauncherState, parsed, seq: int) -> None:
-    found = _FRAME.match(parsed.body)
-    if not found:
-        return
-    path, line, func = (g.decode("utf-8", "replace") for g in found.groups())
-    frames = state.frames.setdefault((parsed.host, parsed.rank), [])
-    frames.append((seq, f"{os.path.basename(path)}:{line} in {func}"))
-    del frames[:-_FRAMES_KEPT]
+def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
+    """Indexes of the lines of `joined` that hold any of `needles`, in order; found with
+    bytes.find and counted with bytes.count, so a chunk without them costs a few scans."""
+    hits = []
+    for needle in needles:
+        at = joined.find(needle)
+        while at >= 0:
+            hits.append(at)
+            at = joined.find(needle, at + len(needle))
+    indexes: list[int] = []
+    line = last = 0
+    for at in sorted(hits):
+        line += joined.count(b"\n", last, at)
+        last = at
+        if not indexes or indexes[-1] != line:
+            indexes.append(line)
+    return indexes
+
+
+class _Before:
+    """The lines just above one line: earlier in its chunk, then the previous chunk's tail."""
+
+    def __init__(self, state: LauncherState, lines: list[bytes], index: int, parsed_at) -> None:
+        self.state, self.lines, self.index, self.parsed_at = state, lines, index, parsed_at
+
+    def parsed(self, back: int):
+        at = self.index - back
+        if at >= 0:
+            return self.parsed_at(at)
+        tail = self.state.tail
+        return parse_line(tail[at]) if -at <= len(tail) else None
 
 
 def innermost_frame(
-    state: LauncherState, host: str | None, rank: int | None, seq: int
+    state: LauncherState, lines: list[bytes], index: int, parsed_at, host, rank
 ) -> str | None:
-    """The traceback frame printed just above line `seq` by the same host and rank."""
-    for frame_seq, text in reversed(state.frames.get((host, rank), [])):
-        if frame_seq < seq:
-            return text if seq - frame_seq <= _FRAME_REACH else None
+    """`data.py:17 in collate`: the traceback frame printed by the same host and rank at most a
+    few lines above line `index` (the source line and caret lines sit between)."""
+    before = _Before(state, lines, index, parsed_at)
+    for back in range(1, _FRAME_REACH + 1):
+        parsed = before.parsed(back)
+        if parsed is None:
+            return None
+        if b'File "' not in parsed.body or (parsed.host, parsed.rank) != (host, rank):
+            continue
+        found = _FRAME.match(parsed.body)
+        if found:
+            path, line, func = (g.decode("utf-8", "replace") for g in found.groups())
+            return f"{os.path.basename(path)}:{line} in {func}"
     return None
 
 
-def _process_line(facts: JobFacts, state: LauncherState, parsed, seq: int) -> None:
+def _process_line(facts: JobFacts, state: LauncherState, parsed, seq: int, before: _Before) -> None:
     body, host = parsed.body, parsed.host
     processes = facts.processes
     for stated in _WORLD_SIZE.finditer(body):
         size = int(next(g for g in stated.groups() if g))
         facts.world_size = max(size, facts.world_size or 0)
-    if found := _TABLE_HOST.match(body):
-        state.table_host = (seq, found.group(1).decode())
-        return
     if found := _TABLE_RANK.match(body):
-        state.table_rank = (seq, int(found.group(1)), int(found.group(2)))
-        if state.table_host and seq - state.table_host[0] <= _TABLE_REACH:
-            facts.host_of_rank[int(found.group(1))] = state.table_host[1]
+        rank, local_rank = int(found.group(1)), int(found.group(2))
+        table_host = None
+        for back in (1, 2):  # `host : node7` sits just above (`time :` above that)
+            above = before.parsed(back)
+            named = _TABLE_HOST.match(above.body) if above is not None else None
+            if named:
+                table_host = named.group(1).decode()
+                facts.host_of_rank[rank] = table_host
+                break
+        state.table_rank = (seq, rank, local_rank, table_host)
         return
     if found := _TABLE_EXIT.match(body):
         if state.table_rank and seq - state.table_rank[0] <= _TABLE_REACH:
-            _, rank, local_rank = state.table_rank
-            table_host = state.table_host
-            near = table_host is not None and seq - table_host[0] <= _TABLE_REACH + 1
+            _, rank, local_rank, table_host = state.table_rank
             processes.note(
-                int(found.group(2)),
-                rank=rank,
-                local_rank=local_rank,
-                host=table_host[1] if near and table_host else host,
+                int(found.group(2)), rank=rank, local_rank=local_rank, host=table_host or host
             )
-            state.table_rank = None
+        state.table_rank = None
         return
     if found := _ELASTIC_FAILED.search(body):
         processes.note(int(found.group(2)), local_rank=int(found.group(1)), host=host)

@@ -216,6 +216,12 @@ class Scanner:
                 parsed.attrs["line"] = numbers[match.line_index]
             # a live line is timed by its first byte: a line that began in an earlier chunk
             # arrived then, not when its end (or the process's exit) flushed it
+            if "frame" not in parsed.attrs:  # a line matched for two categories: looked up once
+                frame = innermost_frame(
+                    state.launcher, lines, match.line_index, parsed_at, parsed.host, parsed.rank
+                )
+                if frame is not None:
+                    parsed.attrs["frame"] = frame
             arrived = state.partial_ns if continued and match.line_index == 0 else arrival_ns
             if parsed.ts_ns is None and arrived is not None:
                 parsed.ts_ns = arrived
@@ -367,9 +373,6 @@ class Scanner:
             parsed.attrs["printed_by_rank"] = own_rank  # "… from rank 0" printed by rank 3
         if host:
             state.hosts_seen[host] = state.hosts_seen.get(host, 0) + 1
-        frame = innermost_frame(state.launcher, parsed.host, parsed.rank, seq)
-        if frame is not None:
-            parsed.attrs["frame"] = frame
         event = Event(
             body=body.decode("utf-8", "replace"),
             ts_ns=parsed.ts_ns,

@@ -268,3 +268,13 @@ def test_a_capture_naming_another_rank_keeps_who_printed_the_line():
     )
     (found,) = scan(line).evidence
     assert found.event.rank == 0 and found.event.attrs["printed_by_rank"] == 1
+
+
+def test_the_world_size_the_log_states_reaches_the_evidence():
+    data = (
+        b"INFO:torch.distributed.elastic.agent.server.api:[default] Rendezvous complete\n"
+        b"  global_world_sizes=[4, 4, 4, 4]\n"
+        b"[rank0]:" + OOM + b"\n"
+    )
+    (found,) = scan(data).evidence
+    assert found.event.attrs["world_size"] == 4
