@@ -291,7 +291,7 @@ def _cause(
         [root, *[e for e in ctx.evidence if e.category == root.category and e is not root]]
     )
     attribution = root.event.attrs.get("attribution")
-    explanation = data.explanations.get(root.signature) or hang_explanation(root.signature)
+    explanation = data.explanations.get(root.signature) or hang_explanation(cfg, root.signature)
     return RootCause(
         category=root.category,
         signature=root.signature,

@@ -14,31 +14,20 @@ import re
 from dataclasses import dataclass
 
 from denpex.core.events import Event, Evidence, severity_rank
+from denpex.diagnosis.config import RulesConfig
 from denpex.diagnosis.context import Finding, RuleContext
 from denpex.diagnosis.timeline import earliest
 
 # ProcessGroupNCCL's "[PG ID 3 PG GUID 5 Rank 1]" / "[PG 3 Rank 1]": counters are per group
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(\d{1,6})\b")
-LAGGING_SIGNATURE = "train.hang.lagging_collective"
-ABSENT_SIGNATURE = "train.hang.absent_from_collective"
-_EXPLAIN = {
-    LAGGING_SIGNATURE: (
-        "The other ranks waited in a collective this rank never reached: its count of NCCL "
-        "work enqueued (or completed) lags theirs, so it was stuck elsewhere (data loading, a "
-        "different code path, I/O) when their watchdogs fired. Find what this rank was doing "
-        "at that step: its last log lines, a py-spy dump, the flight recorder's trace."
-    ),
-    ABSENT_SIGNATURE: (
-        "Every other rank reported a collective timeout and this one did not: it never "
-        "reached the collective (stuck in data loading, I/O or a different code path) and its "
-        "watchdog had nothing to time out. Find what this rank was doing at that step."
-    ),
-}
 
 
-def explanation(signature: str) -> str | None:
-    """The explanation of a derived hang signature (for the diagnosis's root cause)."""
-    return _EXPLAIN.get(signature)
+def explanation(config: RulesConfig, signature: str) -> str | None:
+    """The explanation of a derived hang signature (rules.yaml `collective_timeout.derived`)."""
+    for kind in config["collective_timeout"]["derived"].values():
+        if kind["id"] == signature:
+            return str(kind["explain"])
+    return None
 
 
 @dataclass(slots=True)
@@ -105,7 +94,7 @@ def _world_size(ctx: RuleContext) -> int | None:
 
 
 def _derived(
-    ctx: RuleContext, rank: int, signature: str, body: str, timeouts: list[Evidence]
+    ctx: RuleContext, rank: int, kind: str, body: str, timeouts: list[Evidence]
 ) -> Evidence:
     first = earliest(timeouts)
     assert first is not None
@@ -131,14 +120,15 @@ def _derived(
         },
         seq=first.event.seq - 1,  # before the first timeout when no clock orders them
     )
+    derived = ctx.config["collective_timeout"]["derived"][kind]
     return Evidence(
         id=f"e{max(ids, default=0) + 1}",
         event=event,
-        signature=signature,
+        signature=derived["id"],
         category="train.hang",
         severity="error",
         summary=body,
-        action="check_data",
+        action=derived["action"],
     )
 
 
@@ -182,7 +172,7 @@ def absent_from_collective(ctx: RuleContext) -> Finding | None:
             f"{mine.enqueued}, last completed {mine.completed}, while ranks "
             f"{_ranks(others)} waited on later work and timed out"
         )
-        found = _derived(ctx, straggler, LAGGING_SIGNATURE, body, timeouts)
+        found = _derived(ctx, straggler, "lagging", body, timeouts)
         return Finding("absent_from_collective", found, note="progress_numbers", derived=True)
     world = _world_size(ctx)
     if world is None or any(r >= world for r in reporters):
@@ -203,7 +193,7 @@ def absent_from_collective(ctx: RuleContext) -> Finding | None:
         f"{_ranks(sorted(reporters))} reported: {'it' if len(absent) == 1 else 'they'} never "
         "reached the collective"
     )
-    found = _derived(ctx, missing, ABSENT_SIGNATURE, body, timeouts)
+    found = _derived(ctx, missing, "absent", body, timeouts)
     return Finding("absent_from_collective", found, derived=True)
 
 
