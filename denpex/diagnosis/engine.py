@@ -371,14 +371,6 @@ def diagnose(
     )
     diagnosis.status = "failed"
     diagnosis.root_cause = _cause(ctx, finding, cfg, data, taxonomy, dropped, chain)
-    if findings:
-        diagnosis.root_cause.confidence = round(
-            max(
-                float(cfg.raw["confidence"]["min"]),
-                diagnosis.root_cause.confidence + cfg.adjustment("second_finding"),
-            ),
-            2,
-        )
     diagnosis.findings = [_cause(job, f, cfg, data, taxonomy, dropped, c) for f, c in findings]
     diagnosis.contributing = _contributing(ctx, root, roles)
     diagnosis.timeline = _timeline_entries(picked, roles.of)

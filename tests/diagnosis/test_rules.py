@@ -144,3 +144,55 @@ def test_thresholds_come_from_data():
         make_evidence([*many, ["app.exception", "error", "n", 0, 99, "log"]]), 1, None, config
     )
     assert RULES[2](ctx).rule == "numerics"
+
+
+def test_one_line_is_one_timeline_row():
+    evidence = make_evidence(
+        [
+            ["cuda.launch_failure", "error", "n1", 0, 5, "log", "RuntimeError: CUDA error: x"],
+            ["app.exception", "error", "n1", 0, 5, "log", "RuntimeError: CUDA error: x"],
+            ["nccl.timeout", "error", "n1", 1, 600, "log"],
+        ]
+    )
+    evidence[1].event.seq = evidence[0].event.seq  # both matched on one line
+    diagnosis = diagnose(DiagnosisInput(evidence, exit_code=1))
+    assert [t.id for t in diagnosis.timeline] == ["e1", "e3"]
+    assert "1 later error line(s)" in diagnosis.summary
+
+
+def test_host_context_as_the_only_lead_says_it_is_not_tied_to_the_job():
+    evidence = make_evidence(
+        [
+            [
+                "host.oom_killed",
+                "critical",
+                "n1",
+                None,
+                30,
+                "kmsg",
+                {"attrs": {"attribution": "host"}},
+            ]
+        ]
+    )
+    diagnosis = diagnose(DiagnosisInput(evidence, exit_code=1))
+    assert diagnosis.root_cause.attribution == "host"
+    assert "not tied to this job" in diagnosis.summary
+
+
+def test_an_independent_finding_is_reported_beside_the_root_cause():
+    alone = run_case({"evidence": [["host.disk_full", "error", "n1", 0, 5, "log"]]})
+    near = [
+        ["host.disk_full", "error", "n1", 0, 5, "log"],
+        ["env.import_error", "error", "n1", 1, 9, "log"],
+    ]
+    far = [near[0], ["env.import_error", "error", "n1", 1, 900, "log"]]
+    both, later = run_case({"evidence": near}), run_case({"evidence": far})
+    assert (
+        [f.category for f in both.findings]
+        == [f.category for f in later.findings]
+        == ["env.import_error"]
+    )
+    # a rival failure close in time is a reason for doubt (rule competing_cause), a later one not
+    assert both.root_cause.confidence < alone.root_cause.confidence == later.root_cause.confidence
+    roles = {t.category: t.role for t in both.timeline}
+    assert roles == {"host.disk_full": "cause", "env.import_error": "finding"}

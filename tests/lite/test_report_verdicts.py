@@ -63,7 +63,7 @@ def test_an_unrelated_xid_during_a_disk_full_failure_stays_context():
 
 def test_an_independent_failure_is_a_second_finding_in_one_line():
     scanner = scanned(ENOSPC, XID79)  # the Xid is the job's (no attribution): still independent
-    data, text = verdict(scanner.evidence)
+    data, _ = verdict(scanner.evidence)
     assert data["root_cause"]["category"] == "host.disk_full"
     assert [f["category"] for f in data["findings"]] == ["gpu.fallen_off_bus"]
     also = [line for line in render_text(data, color=False).splitlines() if "also:" in line]
