@@ -223,18 +223,18 @@ def _attribution(e: Evidence) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _actions(root: Evidence, cfg: RulesConfig, explanations: Mapping[str, str]) -> list[Action]:
+def _actions(
+    root: Evidence, cause: RootCause, cfg: RulesConfig, explanations: Mapping[str, str]
+) -> list[Action]:
     names = [root.action, *cfg.followups(root.category)]
     actions: list[Action] = []
     for name in dict.fromkeys(n for n in names if n and n != "none"):
-        target = root.event.host
+        target = cause.host
         if (
             name in ("reduce_memory", "fix_code", "check_data", "fix_config")
-            and root.event.rank is not None
+            and cause.rank is not None
         ):
-            target = f"rank {root.event.rank}" + (
-                f" on {root.event.host}" if root.event.host else ""
-            )
+            target = f"rank {cause.rank}" + (f" on {cause.host}" if cause.host else "")
         actions.append(Action(name, target, action_reason(name, root, explanations)))
     return actions
 
@@ -374,7 +374,7 @@ def diagnose(
     diagnosis.findings = [_cause(job, f, cfg, data, taxonomy, dropped, c) for f, c in findings]
     diagnosis.contributing = _contributing(ctx, root, roles)
     diagnosis.timeline = _timeline_entries(picked, roles.of)
-    diagnosis.actions = _actions(root, cfg, data.explanations)
+    diagnosis.actions = _actions(root, diagnosis.root_cause, cfg, data.explanations)
     story = Story(
         ctx, root, chain, [e for e in context if e is not root], [f.root for f, _ in findings]
     )
