@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.diagnosis.config import RulesConfig
 from denpex.diagnosis.context import Finding, RuleContext
-from denpex.diagnosis.timeline import earliest
+from denpex.diagnosis.timeline import before, earliest
 
 # ProcessGroupNCCL's "[PG ID 3 PG GUID 5 Rank 1]" / "[PG 3 Rank 1]": counters are per group
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(\d{1,6})\b")
@@ -132,11 +132,21 @@ def _derived(
     )
 
 
-def _has_own_failure(ctx: RuleContext, rank: int) -> bool:
-    return any(
-        e.event.rank == rank and ctx.tier(e.category) != "symptom" and e.is_failure
-        for e in ctx.failures
-    )
+def _crashed(ctx: RuleContext, rank: int, first_timeout: Evidence) -> bool:
+    """Whether `rank` failed on its own rather than hung: an error of its own (not a timeout,
+    not hang evidence), or any sign before the timeouts that it ended (the launcher reporting
+    its exit, a kill): a rank that died is absent from a collective too."""
+    cfg = ctx.config
+    for item in ctx.evidence:
+        if item.event.rank != rank or severity_rank(item.severity) < 1:
+            continue
+        if cfg.is_collective_timeout(item.category) or item.category == "train.hang":
+            continue
+        if before(item, first_timeout):
+            return True
+        if item.is_failure and ctx.tier(item.category) != "symptom":
+            return True
+    return False
 
 
 def absent_from_collective(ctx: RuleContext) -> Finding | None:
@@ -164,7 +174,9 @@ def absent_from_collective(ctx: RuleContext) -> Finding | None:
     straggler = _lagging(enqueued, min_lag)
     if straggler is None:
         straggler = _lagging(completed, min_lag)
-    if straggler is not None and not _has_own_failure(ctx, straggler):
+    first_timeout = earliest(timeouts)
+    assert first_timeout is not None
+    if straggler is not None and not _crashed(ctx, straggler, first_timeout):
         mine = progress[straggler]
         others = sorted(r for r in progress if r != straggler)
         body = (
@@ -180,7 +192,7 @@ def absent_from_collective(ctx: RuleContext) -> Finding | None:
     absent = sorted(set(range(world)) - reporters)
     if not absent or len(absent) > int(limits["max_absent_ranks"]):
         return None
-    if any(_has_own_failure(ctx, rank) for rank in absent):
+    if any(_crashed(ctx, rank, first_timeout) for rank in absent):
         return None
     missing = absent[0]
     which = (
