@@ -35,6 +35,7 @@ def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
             for e in ctx.evidence
             if severity_rank(e.severity) >= 1
             and e.category not in visited
+            and not same_line(e, root)  # one line read two ways is one statement, not a cause
             and ctx.explains(e, root)
             and not (ctx.explains(root, e) and before(first, e))
         ]

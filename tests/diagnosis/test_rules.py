@@ -25,13 +25,14 @@ def make_evidence(items: list[list]) -> list[Evidence]:
         category, severity, host, rank, t, source, *rest = item
         body = next((r for r in rest if isinstance(r, str)), f"{category} line {index}")
         extra = next((r for r in rest if isinstance(r, dict)), {})
+        same_line = evidence and body == evidence[-1].event.body and rest  # one line, two matches
         event = Event(
             body=body,
             ts_ns=None if t is None else BASE_NS + int(t * 1e9),
             host=host,
             rank=rank,
             source=source,
-            seq=index,
+            seq=evidence[-1].event.seq if same_line else index,
             attrs=dict(extra.get("attrs", {})),
         )
         evidence.append(
