@@ -264,7 +264,12 @@ def _place(
     def beside(item: Evidence) -> bool:
         return item.event.rank is not None and (host is None or item.event.host in (None, host))
 
-    own = [e for e in ctx.evidence if e.category == root.category and beside(e) and near(e)]
+    kin = is_host_context(root)  # host context speaks for the job only when the cause is
+    own = [
+        e
+        for e in ctx.evidence
+        if e.category == root.category and beside(e) and near(e) and (kin or not is_host_context(e))
+    ]
     if not own and cfg.is_infrastructure(root.category):
         own = [
             e
@@ -287,8 +292,18 @@ def _cause(
 ) -> RootCause:
     root = finding.root
     host, rank = _place(ctx, root, chain or [root])
+    context = is_host_context(root)  # a host-context cause keeps its kin; a job's cause not
     items = ordered(
-        [root, *[e for e in ctx.evidence if e.category == root.category and e is not root]]
+        [
+            root,
+            *[
+                e
+                for e in ctx.evidence
+                if e.category == root.category
+                and e is not root
+                and (context or not is_host_context(e))
+            ],
+        ]
     )
     attribution = root.event.attrs.get("attribution")
     explanation = data.explanations.get(root.signature) or hang_explanation(cfg, root.signature)
@@ -351,7 +366,12 @@ def diagnose(
     chain = accounted_for(on, root)
     findings = [] if data.exit_code == 0 else further_findings(job, root, RULES)
     roles = _Roles(ctx, root, chain, findings)
-    root_items = [e for e in ctx.evidence if e.category == root.category]
+    # the cause's own lines; host context of the same category is shown as context
+    root_items = [
+        e
+        for e in ctx.evidence
+        if e.category == root.category and (e is root or not is_host_context(e))
+    ]
     traceback_lines = int(cfg["traceback_lines"])
     root_lines = {line_key(e) for e in root_items}
     others = [

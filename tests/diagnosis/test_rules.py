@@ -197,3 +197,23 @@ def test_an_independent_finding_is_reported_beside_the_root_cause():
     assert both.root_cause.confidence < alone.root_cause.confidence == later.root_cause.confidence
     roles = {t.category: t.role for t in both.timeline}
     assert roles == {"host.disk_full": "cause", "env.import_error": "finding"}
+
+
+def test_host_context_of_the_causes_category_is_shown_as_context_not_as_the_cause():
+    evidence = make_evidence(
+        [
+            [
+                "host.oom_killed",
+                "critical",
+                "n1",
+                None,
+                10,
+                "kmsg",
+                {"attrs": {"attribution": "host"}},
+            ],
+            ["host.oom_killed", "critical", "n1", 1, 20, "kmsg", {"attrs": {"attribution": "job"}}],
+        ]
+    )
+    diagnosis = diagnose(DiagnosisInput(evidence, exit_signal=9))
+    assert diagnosis.root_cause.evidence == ["e2"] and diagnosis.root_cause.rank == 1
+    assert {t.id: t.role for t in diagnosis.timeline} == {"e1": "context", "e2": "cause"}
