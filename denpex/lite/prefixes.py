@@ -51,6 +51,17 @@ _SRUN = re.compile(rb"^(\d{1,6}): ")
 _KUBECTL = re.compile(rb"^\[?pod/([a-z0-9][a-z0-9.-]{0,252})(?:/[a-z0-9-]{1,63})?\]? ")
 # Open MPI `mpirun --tag-output`: "[jobid,rank]<stdout>:"
 _MPIRUN = re.compile(rb"^\[\d{1,6},(\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?")
+# horovodrun's own (gloo) launcher: "[rank]<stdout>:", after time.asctime() with
+# --prefix-output-with-timestamp ("Fri Sep 25 16:52:53 2020[1]<stderr>:")
+_HOROVOD_RANK = re.compile(
+    rb"^(?:[A-Z][a-z]{2} ([A-Z][a-z]{2}) {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4}))?"
+    rb"\[(\d{1,6})\]<(?:stdout|stderr)>: ?"
+)
+# TensorFlow / XLA C++ logging (tsl): "2024-07-29 17:14:59.920189: E rendezvous.cc:38] ", and
+# Horovod's own "[2024-07-29 17:14:59.920189: W stall_inspector.cc:107] "; both local time
+_TSL_LOG = re.compile(
+    rb"^\[?(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)\.(\d{1,9}): ([TDIWEF]) [^ \]\n]{1,300}\] ?"
+)
 _HOST = re.compile(rb"^([a-z][a-z0-9-]{0,40}[0-9][a-z0-9-]{0,20}(?:\.[a-z0-9-]{1,63}){0,6}): ")
 # a host name without digits (node-a, login) only counts before another known prefix
 _HOST_BEFORE_PREFIX = re.compile(
@@ -175,6 +186,14 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
                     out.body = out.body[inner.end() :]
             return True
     if out.ts_ns is None:
+        found = _TSL_LOG.match(body)
+        if found:
+            ts_ns = _iso_groups_to_ns((*found.groups()[:7], None))
+            if ts_ns is None:
+                return False
+            out.ts_ns, out.body = ts_ns, body[found.end() :]
+            out.attrs["log_level"] = found.group(8).decode()
+            return True
         found = _ISO.match(body)
         if found:
             ts_ns = _iso_groups_to_ns(found.groups())
@@ -218,6 +237,16 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         found = _SRUN.match(body) or _MPIRUN.match(body)
         if found:
             out.rank, out.body = int(found.group(1)), body[found.end() :]
+            return True
+        found = _HOROVOD_RANK.match(body)
+        if found:
+            mon, day, hh, mm, ss, yy, rank = found.groups()
+            if yy and out.ts_ns is None and mon.decode() in _MONTHS:
+                dt = datetime(
+                    int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+                )
+                out.ts_ns = _to_ns(dt)
+            out.rank, out.body = int(rank), body[found.end() :]
             return True
     if out.host is None:
         found = _KUBECTL.match(body)
