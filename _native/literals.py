@@ -48,6 +48,7 @@ def split_flags(pattern: str) -> tuple[str, bool]:
     return pattern, False
 
 
+@lru_cache(maxsize=4096)  # re's own cache holds 512: a larger catalog would compile twice
 def compile_pattern(pattern: str) -> re.Pattern[bytes]:
     """Compile a catalog pattern for bytes lines; '(?i)' means ASCII case-insensitive."""
     body, ignorecase = split_flags(pattern)

@@ -53,3 +53,14 @@ def test_portability_errors(pattern, problem):
 
 def test_portable_patterns_pass():
     assert portability_errors(r"abc[^ \n]{1,8}[ \t]+\d+\S+") == []
+
+
+def test_a_pattern_is_compiled_once_however_large_the_catalog():
+    """The loader and the matcher compile the same patterns; re's own cache keeps only 512, so
+    a larger catalog would compile every pattern twice without compile_pattern's cache."""
+    from denpex._native.literals import compile_pattern
+
+    first = compile_pattern("denpex-test-once [0-9]{1,3}")
+    for i in range(700):
+        compile_pattern(f"denpex-test-filler-{i} [a-z]{{1,4}}")
+    assert compile_pattern("denpex-test-once [0-9]{1,3}") is first
