@@ -104,7 +104,7 @@ FAILURES = [
         "  Message:          The node was low on resource: ephemeral-storage. Threshold quantity:"
         " 10Gi, available: 9123456Ki.",
         "host.disk_full",
-        {"resource": "ephemeral-storage"},
+        {},
     ),
 ]
 
