@@ -84,16 +84,13 @@ class CanaryCheck:
             return None
         matching = sum(run() == expected for _ in range(self.max_reruns))
         kind = {self.max_reruns: "transient", 0: "persistent"}.get(matching, "intermittent")
+        transient = kind == "transient"  # a one-off flip: look closer before draining
         return Finding(
-            signature="train.sdc.canary_mismatch",
-            category="train.sdc",
-            severity="warning" if kind == "transient" else "critical",
-            summary=(
-                f"canary batch gave a different output on unchanged weights at step {step} "
-                f"({kind}: {matching} of {self.max_reruns} re-runs matched the reference)"
-            ),
-            action="run_diagnostics" if kind == "transient" else "drain_node",
+            "train.sdc.canary_mismatch",
             captures={"step": str(step), "kind": kind, "reruns_matching": str(matching)},
+            values={"reruns": self.max_reruns},
+            severity="warning" if transient else "critical",
+            action="run_diagnostics" if transient else "drain_node",
         )
 
 
@@ -120,13 +117,6 @@ class WeightIntegrity:
         if digest == self.recorded[0]:
             return None
         return Finding(
-            signature="train.sdc.weights_changed_outside_optimizer",
-            category="train.sdc",
-            severity="critical",
-            summary=(
-                f"weights changed after step {step} with no optimizer step in between "
-                f"(seen {where}): memory corruption or code writing to parameters"
-            ),
-            action="run_diagnostics",
+            "train.sdc.weights_changed_outside_optimizer",
             captures={"step": str(step), "seen": where},
         )

@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 
 import denpex._native as native
-from denpex.core.events import Event, Evidence
+from denpex.core.detectors import detector_evidence
+from denpex.core.events import Event
 from denpex.sdk.transport import default_emit
 
 SIDECAR_SUFFIX = ".dxsum"
@@ -201,11 +202,9 @@ def save(obj: Any, path: PathArg, **torch_save_kwargs: Any) -> None:
         if isinstance(exc, Exception):
             _report(
                 "ckpt.save_failure.sdk_save_error",
-                "ckpt.save_failure",
-                "error",
                 path,
                 None,
-                f"saving checkpoint {path} failed: {type(exc).__name__}: {exc}",
+                {"error": f"{type(exc).__name__}: {exc}"},
             )
         raise
 
@@ -229,23 +228,16 @@ def check(path: PathArg, *, strict: bool = False) -> Verdict:
     verdict = verify(path)
     if not verdict.ok:
         _report(
-            "ckpt.load_failure.checksum_mismatch",
-            "ckpt.load_failure",
-            "error",
-            path,
-            verdict.offset,
-            f"checkpoint {path} is corrupt: {verdict.reason}",
+            "ckpt.load_failure.checksum_mismatch", path, verdict.offset, {"reason": verdict.reason}
         )
         raise CheckpointCorrupt(path, verdict.reason, verdict.offset)
     if not verdict.sidecar_found:
-        severity = "error" if strict else "warning"
         _report(
             "ckpt.load_failure.sidecar_missing",
-            "ckpt.load_failure",
-            severity,
             path,
             None,
-            f"checkpoint {path} has no {SIDECAR_SUFFIX} sidecar: its integrity is unverified",
+            {"suffix": SIDECAR_SUFFIX},
+            severity="error" if strict else "warning",  # strict mode refuses the load
         )
         if strict:
             raise CheckpointCorrupt(path, f"no {SIDECAR_SUFFIX} sidecar (strict mode)")
@@ -324,7 +316,12 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 def _report(
-    signature: str, category: str, severity: str, path: str, offset: int | None, summary: str
+    detector_id: str,
+    path: str,
+    offset: int | None,
+    values: dict[str, Any],
+    *,
+    severity: str | None = None,
 ) -> None:
     captures = {"file": path}
     if offset is not None:
@@ -333,22 +330,16 @@ def _report(
     if rank.isdigit():
         captures["rank"] = rank
     event = Event(
-        body=summary,
+        body="",
         ts_ns=time.time_ns(),
         source="sdk",
         kind="state",
         rank=int(rank) if rank.isdigit() else None,
         attrs={"file": path, **({"offset": offset} if offset is not None else {})},
     )
-    default_emit(
-        Evidence(
-            id=f"sdk-{uuid.uuid4().hex[:16]}",
-            event=event,
-            signature=signature,
-            category=category,
-            severity=severity,
-            captures=captures,
-            summary=summary,
-            action="none",
-        )
+    evidence = detector_evidence(
+        event, detector_id, captures=captures, values=values, severity=severity
     )
+    evidence.id = f"sdk-{uuid.uuid4().hex[:16]}"
+    event.body = evidence.summary
+    default_emit(evidence)

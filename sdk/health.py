@@ -14,17 +14,24 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any
 
+from denpex.core.detectors import detector
+
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """What a detector saw, before it becomes Evidence (watch.py adds host, rank, ids)."""
+    """What a detector saw, before it becomes Evidence (watch.py adds host, rank, ids):
+    the detector's id in denpex/core/detectors.yaml (category, severity, action and the
+    summary template come from there), the captures, and `values` only for the summary."""
 
     signature: str
-    category: str
-    severity: str
-    summary: str
-    action: str = "none"
     captures: dict[str, str] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    severity: str | None = None  # only for a detector whose catalog entry `varies`
+    action: str | None = None
+
+    @property
+    def category(self) -> str:
+        return detector(self.signature).category
 
 
 # --- loss spikes -------------------------------------------------------------------------
@@ -76,15 +83,9 @@ class LossSpikeDetector:
             z = (loss - center) / scale
             if z > self.threshold:
                 return Finding(
-                    signature="train.loss_spike.robust_z",
-                    category="train.loss_spike",
-                    severity="warning",
-                    summary=(
-                        f"loss {loss:.6g} at step {step} is {z:.1f} robust deviations above "
-                        f"the median {center:.6g} of the last {len(self.history)} steps"
-                    ),
-                    action="check_data",
+                    "train.loss_spike.robust_z",
                     captures={"step": str(step), "loss": f"{loss:.6g}", "z": f"{z:.1f}"},
+                    values={"median": f"{center:.6g}", "window": len(self.history)},
                 )
         self.history.append(loss)
         self._age += 1
@@ -92,29 +93,14 @@ class LossSpikeDetector:
 
 
 def nonfinite_loss(step: int, loss: float, module: str | None) -> Finding:
-    where = f"; first non-finite output in module '{module}'" if module else ""
     captures = {"step": str(step), "loss": str(loss)}
-    if module:
-        captures["module"] = module
-    return Finding(
-        signature="train.nan_loss.first_module" if module else "train.nan_loss.value",
-        category="train.nan_loss",
-        severity="error",
-        summary=f"loss became {loss} at step {step}{where}",
-        action="fix_code",
-        captures=captures,
-    )
+    if not module:
+        return Finding("train.nan_loss.value", captures=captures)
+    return Finding("train.nan_loss.first_module", captures={**captures, "module": module})
 
 
 def nonfinite_activation(step: int, module: str) -> Finding:
-    return Finding(
-        signature="train.nan_loss.first_module",
-        category="train.nan_loss",
-        severity="error",
-        summary=f"module '{module}' produced a non-finite output at step {step}",
-        action="fix_code",
-        captures={"step": str(step), "module": module},
-    )
+    return Finding("train.nan_loss.first_module", captures={"step": str(step), "module": module})
 
 
 # --- loss-scale collapse -----------------------------------------------------------------
@@ -148,15 +134,9 @@ class LossScaleTracker:
             return None
         self.reported = True
         return Finding(
-            signature="train.grad_overflow.loss_scale_collapse",
-            category="train.grad_overflow",
-            severity="error",
-            summary=(
-                f"loss scale fell to {scale:g} at step {step} after {len(self.drops)} "
-                f"overflow halvings in the last {self.window} steps"
-            ),
-            action="fix_config",
+            "train.grad_overflow.loss_scale_collapse",
             captures={"step": str(step), "scale": f"{scale:g}", "halvings": str(len(self.drops))},
+            values={"window": self.window},
         )
 
 

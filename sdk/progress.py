@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence, metric
 from denpex.sdk.progress_rules import (
     PeerView,
@@ -287,26 +288,20 @@ class ProgressMonitor:
         captures = {"rank": str(suspect if suspect is not None else ""), "step": str(own.step)}
         captures["seconds"] = f"{now - own.step_changed_at:.1f}"
         captures["reporter_rank"] = str(self.rank)
-        self._send(
-            Evidence(
-                id=key,
-                event=Event(
-                    body=f"no step completed and the distributed store is unreachable ({who})",
-                    ts_ns=time.time_ns(),
-                    host=self.host,
-                    source="sdk",
-                    kind="state",
-                    rank=suspect,
-                ),
-                signature="train.hang.store_unreachable",
-                category="train.hang",
-                severity="error",
-                captures=captures,
-                summary=f"Training hung: the distributed store stopped answering; {who} "
-                "hosts it and is probably stopped or frozen",
-                action="run_diagnostics",
-            )
+        event = Event(
+            body="",
+            ts_ns=time.time_ns(),
+            host=self.host,
+            source="sdk",
+            kind="state",
+            rank=suspect,
         )
+        evidence = detector_evidence(
+            event, "train.hang.store_unreachable", captures=captures, values={"who": who}
+        )
+        evidence.id = key
+        event.body = evidence.summary
+        self._send(evidence)
 
     def _maybe_emit_metric(self, now: float) -> None:
         if now - self._last_metric < self.thresholds.metric_every_s or not self._intervals:

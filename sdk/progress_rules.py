@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from statistics import median
 from typing import Any
 
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 
 WAITING_PLACES = ("collective", "backward")  # where a rank waits for its peers
@@ -101,10 +102,6 @@ class Hang:
             "all_stalled": "no rank completes a step",
         }[self.reason]
         noun = "rank" if len(self.culprits) == 1 else "ranks"
-        summary = (
-            f"Training hung: no step for {self.stalled_s:.0f} s after step {self.step} "
-            f"(deadline {self.deadline_s:.0f} s); {noun} {ranks}: {why}"
-        )
         captures = {
             "rank": ranks,
             "step": str(self.step),
@@ -116,7 +113,7 @@ class Hang:
             "reporter_rank": str(reporter),
         }
         event = Event(
-            body=summary,
+            body="",
             ts_ns=time.time_ns(),
             host=first.host or host,
             source="sdk",
@@ -124,16 +121,13 @@ class Hang:
             rank=first.rank,
             attrs={"reporter_host": host},
         )
-        return Evidence(
-            id=evidence_id,
-            event=event,
-            signature=self.signature,
-            category="train.hang",
-            severity="error",
-            captures=captures,
-            summary=summary,
-            action="run_diagnostics",
-        )
+        values = {
+            "stalled_s": self.stalled_s,
+            "deadline_s": self.deadline_s,
+            "ranks_text": f"{noun} {ranks}",
+            "why": why,
+        }
+        return _sdk_evidence(event, self.signature, evidence_id, captures, values)
 
 
 def hang_evidence_id(hang: Hang) -> str:
@@ -200,36 +194,44 @@ class Straggler:
     def evidence(self, reporter: int, host: str, views: Mapping[int, PeerView]) -> Evidence:
         ratio = self.step_s / self.group_median_s if self.group_median_s > 0 else float("inf")
         peer = views.get(self.rank)
-        summary = (
-            f"Rank {self.rank} is a straggler: its steps take {self.step_s * 1000:.0f} ms, "
-            f"{(ratio - 1) * 100:.0f} % above its group's median of "
-            f"{self.group_median_s * 1000:.0f} ms"
+        event = Event(
+            body="",
+            ts_ns=time.time_ns(),
+            host=(peer.host if peer else "") or host,
+            source="sdk",
+            kind="state",
+            rank=self.rank,
+            attrs={"reporter_host": host},
         )
-        return Evidence(
-            id=f"sdk:train.straggler:{self.rank}:{self.step}",
-            event=Event(
-                body=summary,
-                ts_ns=time.time_ns(),
-                host=(peer.host if peer else "") or host,
-                source="sdk",
-                kind="state",
-                rank=self.rank,
-                attrs={"reporter_host": host},
-            ),
-            signature="train.straggler.step_time",
-            category="train.straggler",
-            severity="warning",
-            captures={
-                "rank": str(self.rank),
-                "step": str(self.step),
-                "seconds": f"{self.step_s:.4f}",
-                "group_median_seconds": f"{self.group_median_s:.4f}",
-                "ratio": f"{ratio:.3f}",
-                "reporter_rank": str(reporter),
-            },
-            summary=summary,
-            action="run_diagnostics",
-        )
+        captures = {
+            "rank": str(self.rank),
+            "step": str(self.step),
+            "seconds": f"{self.step_s:.4f}",
+            "group_median_seconds": f"{self.group_median_s:.4f}",
+            "ratio": f"{ratio:.3f}",
+            "reporter_rank": str(reporter),
+        }
+        values = {
+            "step_ms": self.step_s * 1000,
+            "above_pct": (ratio - 1) * 100,
+            "median_ms": self.group_median_s * 1000,
+        }
+        evidence_id = f"sdk:train.straggler:{self.rank}:{self.step}"
+        return _sdk_evidence(event, "train.straggler.step_time", evidence_id, captures, values)
+
+
+def _sdk_evidence(
+    event: Event,
+    detector_id: str,
+    evidence_id: str,
+    captures: dict[str, str],
+    values: dict[str, Any],
+) -> Evidence:
+    """Detector evidence with a reporter-independent id, its event's body the summary."""
+    evidence = detector_evidence(event, detector_id, captures=captures, values=values)
+    evidence.id = evidence_id
+    event.body = evidence.summary
+    return evidence
 
 
 def find_stragglers(views: Iterable[PeerView], th: Thresholds) -> list[Straggler]:

@@ -149,14 +149,7 @@ class ReplicaChecker:
         self.reported.add(key)
         return [
             Finding(
-                signature="train.sdc.replica_mismatch",
-                category="train.sdc",
-                severity="critical",
-                summary=(
-                    f"rank {rank} holds parameters that differ from the majority of its "
-                    f"{self.size} replicas after step {step}; first differing tensor '{name}'"
-                ),
-                action="drain_node",
+                "train.sdc.replica_mismatch",
                 captures={
                     "rank": str(rank),
                     "step": str(step),
@@ -168,15 +161,9 @@ class ReplicaChecker:
 
     def _split(self, step: int) -> Finding:
         return Finding(
-            signature="train.sdc.replica_split",
-            category="train.sdc",
-            severity="critical",
-            summary=(
-                f"the {self.size} replicas of ranks {self.members} disagree after step {step} "
-                "with no majority: the corrupted rank cannot be named"
-            ),
-            action="run_diagnostics",
+            "train.sdc.replica_split",
             captures={"step": str(step), "ranks": ",".join(map(str, self.members))},
+            values={"replicas": self.size},
         )
 
 

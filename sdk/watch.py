@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, Protocol
 
-from denpex.core.events import Event, Evidence, metric
+from denpex.core.detectors import detector_evidence
+from denpex.core.events import Event, metric
 from denpex.sdk.canary import CanaryCheck, CanaryRunner, WeightIntegrity
 from denpex.sdk.checksums import CudaSnapshot, TensorSet, combine, optimizer_state_tensors
 from denpex.sdk.health import (
@@ -404,16 +405,16 @@ class Guard:
         if self.device is not None:
             captures["device"] = self.device
         self._emitted += 1
-        evidence = Evidence(
-            id=f"sdk-{self.host}-{self.pid}-{self.rank}-{step}-{self._emitted}",
-            event=self._event(finding.summary, step),
-            signature=finding.signature,
-            category=finding.category,
-            severity=finding.severity,
+        evidence = detector_evidence(
+            self._event("", step),
+            finding.signature,
             captures=captures,
-            summary=finding.summary,
+            values=finding.values,
+            severity=finding.severity,
             action=finding.action,
         )
+        evidence.id = f"sdk-{self.host}-{self.pid}-{self.rank}-{step}-{self._emitted}"
+        evidence.event.body = evidence.summary
         self._run("emit", self.emit_fn, evidence)
 
     def _metric(self, step: int, name: str, value: float, **labels: str) -> None:

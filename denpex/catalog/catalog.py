@@ -6,7 +6,7 @@ reference otherwise); both give identical answers, which the tests check on ever
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from types import ModuleType
@@ -14,6 +14,7 @@ from types import ModuleType
 import denpex._native as native
 from denpex.catalog.loader import load_signatures
 from denpex.catalog.schema import Signature, template_fields
+from denpex.core.detectors import Detector, detector_catalog
 
 
 @dataclass(slots=True)
@@ -23,17 +24,31 @@ class Match:
 
 
 class Catalog:
-    """Signatures plus the matcher built over their patterns."""
+    """Signatures plus the matcher built over their patterns, and the detectors (evidence
+    ids that are not regex matches) beside them: together, every id denpex reports."""
 
-    def __init__(self, signatures: list[Signature], matcher_module: ModuleType | None = None):
+    def __init__(
+        self,
+        signatures: list[Signature],
+        matcher_module: ModuleType | None = None,
+        detectors: Mapping[str, Detector] | None = None,
+    ):
         self.signatures = signatures
         self.by_id = {s.id: s for s in signatures}
+        self.detectors = dict(detector_catalog() if detectors is None else detectors)
         module = matcher_module or native.load("matcher")
         self.backend = "reference" if module.__name__.endswith("_ref") else "native"
         self._matcher = module.Matcher([s.pattern for s in signatures])
 
     def __len__(self) -> int:
         return len(self.signatures)
+
+    def explanations(self) -> dict[str, str]:
+        """Signature or detector id → what it means and what to do: the explanation a
+        diagnosis gives of its root cause and the reason of its actions."""
+        explained = {d.id: d.explain for d in self.detectors.values()}
+        explained.update((s.id, s.explain) for s in self.signatures)
+        return explained
 
     def match_lines(self, lines: list[bytes]) -> list[Match]:
         """Every (line, signature) match over `lines`, in line order."""

@@ -11,13 +11,10 @@ from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from denpex.catalog.schema import Signature, validate_entry
+from denpex.core.detectors import DetectorCatalogError, detector_catalog
+from denpex.core.entries import read_entries
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
-
-# libyaml's loader when PyYAML was built with it (several times faster), else pure Python
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class CatalogError(Exception):
@@ -62,33 +59,11 @@ def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return [], [f"{name}:0: cannot read: {exc}"]
-    loader = _YamlLoader(text)
-    try:
-        root = loader.get_single_node()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark else 0
-        return [], [f"{name}:{line}: not valid YAML: {getattr(exc, 'problem', exc)}"]
-    finally:
-        loader.dispose()
-    if root is None:
-        return [], [f"{name}:1: empty file"]
-    if not isinstance(root, yaml.SequenceNode):
-        return [], [f"{name}:{root.start_mark.line + 1}: a catalog file is a list of entries"]
+    entries, errors = read_entries(text, name)
     signatures: list[Signature] = []
-    errors: list[str] = []
-    constructor = _YamlLoader("")
-    for item in root.value:
-        line = item.start_mark.line + 1
-        key_lines: dict[str, int] = {}
-        if isinstance(item, yaml.MappingNode):
-            for key_node, _ in item.value:
-                key = str(key_node.value)
-                if key in key_lines:
-                    errors.append(f"{name}:{key_node.start_mark.line + 1}: duplicate key '{key}'")
-                key_lines[key] = key_node.start_mark.line + 1
-        data = constructor.construct_object(item, deep=True)
-        signature, problems = validate_entry(data, key_lines, line, taxonomy)
+    for entry in entries:
+        data = entry.data
+        signature, problems = validate_entry(data, entry.key_lines, entry.line, taxonomy)
         label = data.get("id", "?") if isinstance(data, dict) else "?"
         errors.extend(f"{name}:{ln}: {label}: {message}" for ln, message in sorted(problems))
         if signature is not None:
@@ -103,8 +78,19 @@ def _load_group(files: list[Path], taxonomy: Taxonomy, errors: list[str]) -> lis
         found, problems = load_file(path, taxonomy)
         signatures.extend(found)
         errors.extend(problems)
+    try:
+        detectors = detector_catalog()
+    except DetectorCatalogError as exc:
+        errors.extend(exc.errors)
+        detectors = {}
     seen: dict[str, Signature] = {}
     for signature in signatures:
+        if signature.id in detectors:
+            taken = detectors[signature.id]
+            errors.append(
+                f"{signature.file}:{signature.line}: {signature.id}: is a detector id "
+                f"({taken.file}:{taken.line}); a signature needs an id of its own"
+            )
         first = seen.setdefault(signature.id, signature)
         if first is not signature:
             errors.append(

@@ -13,8 +13,8 @@ from typing import Any
 
 from denpex._native.linesearch import LineSearch
 from denpex._native.literals import IGNORECASE_PREFIX, literal_plan, portability_errors
-from denpex.core.diagnosis import ACTIONS
-from denpex.core.events import SEVERITIES, SOURCES, Event, Evidence
+from denpex.core.entries import common_problems, str_list
+from denpex.core.events import SOURCES, Event, Evidence
 from denpex.core.taxonomy import Taxonomy
 
 REQUIRED_KEYS = (
@@ -32,7 +32,6 @@ OPTIONAL_KEYS = ("sources", "flags")
 KNOWN_FLAGS = ("ignorecase",)
 MIN_LITERAL_BYTES = 3
 _INLINE_FLAGS = re.compile(r"\(\?[aiLmsux-]+\)")
-_ID_RE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
 
 
 @dataclass(slots=True)
@@ -101,12 +100,6 @@ def template_fields(template: str) -> list[str]:
         return ["<malformed>"]
 
 
-def _str_list(value: Any) -> list[str] | None:
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return value
-    return None
-
-
 def validate_entry(
     data: Any, key_lines: dict[str, int], line: int, taxonomy: Taxonomy
 ) -> tuple[Signature | None, list[tuple[int, str]]]:
@@ -125,30 +118,15 @@ def validate_entry(
         if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS:
             err(key, f"unknown key '{key}'")
 
-    sig_id = data.get("id")
-    category = data.get("category")
-    if not isinstance(sig_id, str) or not _ID_RE.match(sig_id):
-        err("id", f"id {sig_id!r} must be dotted lowercase words (e.g. gpu.fallen_off_bus.xid79)")
-    if not isinstance(category, str) or category not in taxonomy or category == "unknown":
-        err("category", f"category {category!r} is not a taxonomy id")
-    elif isinstance(sig_id, str) and not sig_id.startswith(category + "."):
-        err("id", f"id '{sig_id}' must start with its category '{category}.'")
-    if data.get("severity") not in SEVERITIES:
-        err("severity", f"severity must be one of {', '.join(SEVERITIES)}")
-    if data.get("action") not in ACTIONS:
-        err("action", f"action {data.get('action')!r} is not one of {', '.join(ACTIONS)}")
+    common_problems(data, err, taxonomy)
+    sig_id, category = data.get("id"), data.get("category")
     sources = data.get("sources", [])
-    if _str_list(sources) is None or any(s not in SOURCES for s in sources):
+    if str_list(sources) is None or any(s not in SOURCES for s in sources):
         err("sources", f"sources must be a list of {', '.join(SOURCES)}")
     flags = data.get("flags", [])
-    if _str_list(flags) is None or any(f not in KNOWN_FLAGS for f in flags):
+    if str_list(flags) is None or any(f not in KNOWN_FLAGS for f in flags):
         err("flags", f"flags must be a list of {', '.join(KNOWN_FLAGS)}")
-    for key in ("summary", "explain"):
-        if key in data and (not isinstance(data[key], str) or not data[key].strip()):
-            err(key, f"'{key}' must be a non-empty string")
     refs = data.get("refs")
-    if "refs" in data and (_str_list(refs) is None or not refs):
-        err("refs", "refs must be a non-empty list of strings (URLs or document names)")
 
     compiled = None
     group_names: set[str] = set()
@@ -189,8 +167,8 @@ def validate_entry(
         if not isinstance(examples, dict):
             err("examples", "examples must map 'match' and 'no_match' to lists of lines")
         else:
-            match = _str_list(examples.get("match"))
-            no_match = _str_list(examples.get("no_match"))
+            match = str_list(examples.get("match"))
+            no_match = str_list(examples.get("no_match"))
             if not match:
                 err("examples", "examples.match needs at least one line")
             if not no_match:

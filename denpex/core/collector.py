@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence, metric
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
@@ -92,10 +93,10 @@ class Collector(ABC):
         )
 
     def finding(
-        self, ctx: CollectContext, *, source: str | None = None, **details: Any
+        self, ctx: CollectContext, detector_id: str, *, source: str | None = None, **details: Any
     ) -> Evidence:
         """Detector evidence of this poll (see poll_finding), from this collector's source."""
-        return poll_finding(ctx, source or self.name, **details)
+        return poll_finding(ctx, source or self.name, detector_id, **details)
 
     def set_waker(self, wake: Callable[[], None]) -> None:
         """The scheduler's way to be asked for a poll now, not at the next interval."""
@@ -175,63 +176,36 @@ class FdWatch:
         self._stop_write = -1
 
 
-def detector_evidence(
-    event: Event,
-    *,
-    signature: str,
-    category: str,
-    severity: str,
-    summary: str,
-    action: str = "none",
-    captures: dict[str, str] | None = None,
-) -> Evidence:
-    """Evidence from a detector (a threshold or a counter, not a log line); the agent gives
-    it its id. `signature` names the detector like a catalog id: `host.<category>.<what>`."""
-    return Evidence(
-        id="",
-        event=event,
-        signature=signature,
-        category=category,
-        severity=severity,
-        captures=captures or {},
-        summary=summary,
-        action=action,
-    )
-
-
 def poll_finding(
     ctx: CollectContext,
     source: str,
+    detector_id: str,
     *,
-    signature: str,
-    category: str,
-    severity: str,
-    summary: str,
-    action: str = "none",
+    captures: Mapping[str, str] | None = None,
+    values: Mapping[str, Any] | None = None,
     attrs: dict[str, Any] | None = None,
-    captures: dict[str, str] | None = None,
     kind: str = "state",
     ts_ns: int | None = None,
+    pid: int | None = None,
+    severity: str | None = None,
+    action: str | None = None,
 ) -> Evidence:
-    """Detector evidence of a poll of `source`: an event whose body is the summary, at the
-    poll's time unless the source said when (`ts_ns`), with its evidence."""
+    """Detector evidence of a poll of `source` (see `detector_evidence`): an event whose body
+    is the rendered summary, at the poll's time unless the source said when (`ts_ns`)."""
     event = Event(
-        body=summary,
+        body="",
         ts_ns=ts_ns or ctx.now_ns,
         host=ctx.host,
         source=source,
         kind=kind,
+        pid=pid,
         attrs=attrs or {},
     )
-    return detector_evidence(
-        event,
-        signature=signature,
-        category=category,
-        severity=severity,
-        summary=summary,
-        action=action,
-        captures=captures,
+    evidence = detector_evidence(
+        event, detector_id, captures=captures, values=values, severity=severity, action=action
     )
+    event.body = evidence.summary
+    return evidence
 
 
 @cache

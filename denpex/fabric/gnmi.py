@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
@@ -35,6 +35,12 @@ COUNTER_METRICS = {
     "in-fcs-errors": "gnmi_interface_in_fcs_errors_total",
 }
 ERROR_LEAVES = ("in-errors", "out-errors", "in-fcs-errors")
+# a target's `network` → the detector of its interface errors: on the RDMA training fabric
+# they corrupt IB/RoCE traffic, on a TCP network they surface as socket errors between ranks
+ERROR_DETECTORS = {
+    "rdma": "net.ib_error.gnmi_interface_errors",
+    "tcp": "net.socket_error.gnmi_interface_errors",
+}
 HELP = {
     "gnmi_target_connected": "1 while the gNMI subscription to the target is open",
     "gnmi_interface_oper_up": "1 when the switch interface's oper-status is UP",
@@ -245,6 +251,9 @@ class GnmiCollector(FabricCollector):
         targets = self.options.get("targets") or []
         if not targets:
             return False, "no targets configured (collectors.gnmi.targets)"
+        networks = {str(t.get("network", "rdma")) for t in targets} - set(ERROR_DETECTORS)
+        if networks:
+            return False, f"gnmi targets: network must be one of rdma, tcp (not {sorted(networks)})"
         return True, f"interface counters of {len(targets)} gNMI target(s)"
 
     def degraded(self) -> str | None:
@@ -333,51 +342,22 @@ class GnmiCollector(FabricCollector):
     def _down_evidence(
         self, ctx: CollectContext, stream: TargetStream, interface: str
     ) -> Observation:
-        summary = f"Fabric interface {interface} on switch {stream.name} is oper-status DOWN"
-        return self._evidence(
-            ctx, stream, interface, "net.link_down", "gnmi_oper_down", "error", summary, {}
-        )
+        return self._evidence(ctx, stream, interface, "net.link_down.gnmi_oper_down", {})
 
     def _error_evidence(
         self, ctx: CollectContext, stream: TargetStream, interface: str, delta: float
     ) -> Observation:
         network = str(stream.target.get("network", "rdma"))
-        category = (self.options.get("error_categories") or {}).get(network, "net.ib_error")
-        summary = (
-            f"Switch {stream.name} interface {interface}: {delta:.0f} new input/output/FCS "
-            f"errors since the last poll"
-        )
         extra = {"new_errors": str(int(delta)), "network": network}
-        return self._evidence(
-            ctx, stream, interface, category, "gnmi_interface_errors", "warning", summary, extra
-        )
+        return self._evidence(ctx, stream, interface, ERROR_DETECTORS[network], extra)
 
     def _evidence(
         self,
         ctx: CollectContext,
         stream: TargetStream,
         interface: str,
-        category: str,
-        detector: str,
-        severity: str,
-        summary: str,
+        detector_id: str,
         extra: dict[str, str],
     ) -> Observation:
         captures = {"target": stream.name, "interface": interface, **extra}
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="gnmi",
-            kind="state",
-            attrs=dict(captures),
-        )
-        return detector_evidence(
-            event,
-            signature=f"{category}.{detector}",
-            category=category,
-            severity=severity,
-            summary=summary,
-            action="check_fabric",
-            captures=captures,
-        )
+        return poll_finding(ctx, "gnmi", detector_id, attrs=dict(captures), captures=captures)

@@ -24,7 +24,11 @@ from denpex.fabric.pci_sysfs import (
 )
 
 PEERMEM_MODULES = ("nvidia_peermem", "nv_peer_mem")
-CATEGORY = "gpu.p2p_topology"
+DETECTORS = {
+    "peermem_missing": "gpu.p2p_topology.peermem_missing",
+    "acs_redirect": "gpu.p2p_topology.acs_redirect",
+    "iommu_translated": "gpu.p2p_topology.iommu_translated",
+}
 
 HELP = {
     "gpudirect_peermem_loaded": "1 when nvidia_peermem or nv_peer_mem is loaded",
@@ -163,59 +167,36 @@ class GpuDirectCollector(FabricCollector):
         return metric(name, value, source="pcie", labels=labels, host=ctx.host, ts_ns=ctx.now_ns)
 
     def _evidence(
-        self, ctx: CollectContext, what: str, device: str, summary: str, captures: dict[str, str]
+        self,
+        ctx: CollectContext,
+        what: str,
+        device: str,
+        captures: dict[str, str],
+        values: dict[str, Any],
     ) -> Evidence:
         return self.finding(
             ctx,
+            DETECTORS[what],
             source="pcie",
             attrs={"device": device, "check": what},
-            signature=f"{CATEGORY}.{what}",
-            category=CATEGORY,
-            severity=str(self.options.get(f"{what}_severity", "warning")),
-            summary=summary,
-            action="fix_config",
             captures={"device": device, **captures},
+            values=values,
         )
 
     def _peermem_evidence(
         self, ctx: CollectContext, gpus: list[PciDevice], nics: list[PciDevice]
     ) -> Evidence:
         names = ", ".join(n for d in nics for n in d.rdma) or ", ".join(d.bdf for d in nics)
-        summary = (
-            f"GPUDirect RDMA is off: nvidia_peermem is not loaded while {len(gpus)} NVIDIA "
-            f"GPU(s) and RDMA NIC(s) {names} are present; NIC traffic bounces through host "
-            "memory (modprobe nvidia_peermem, unless NCCL uses DMA-BUF)"
-        )
-        return self._evidence(
-            ctx,
-            "peermem_missing",
-            "nvidia_peermem",
-            summary,
-            {"gpus": str(len(gpus)), "nics": names},
-        )
+        captures = {"gpus": str(len(gpus)), "nics": names}
+        return self._evidence(ctx, "peermem_missing", "nvidia_peermem", captures, {})
 
     def _acs_evidence(
         self, ctx: CollectContext, bridge: str, bits: list[str], peers: set[str]
     ) -> Evidence:
         between = ", ".join(sorted(peers))
-        summary = (
-            f"ACS {' and '.join(bits)} enabled on PCIe bridge {bridge} between {between}: "
-            "peer-to-peer traffic is sent up to the root complex (GPUDirect P2P/RDMA hangs or "
-            "slows); disable ACS on switch ports (BIOS or setpci)"
-        )
-        return self._evidence(
-            ctx, "acs_redirect", bridge, summary, {"bits": ",".join(bits), "between": between}
-        )
+        captures = {"bits": ",".join(bits), "between": between}
+        return self._evidence(ctx, "acs_redirect", bridge, captures, {"named": " and ".join(bits)})
 
     def _iommu_evidence(self, ctx: CollectContext, peers: list[PciDevice]) -> Evidence:
-        summary = (
-            f"IOMMU translates DMA of {len(peers)} GPU/RDMA device(s): peer-to-peer transfers "
-            "need iommu=pt (passthrough) or ATS, otherwise they fault or crawl"
-        )
-        return self._evidence(
-            ctx,
-            "iommu_translated",
-            "iommu",
-            summary,
-            {"devices": ", ".join(d.bdf for d in peers)},
-        )
+        captures = {"devices": ", ".join(d.bdf for d in peers)}
+        return self._evidence(ctx, "iommu_translated", "iommu", captures, {"count": len(peers)})

@@ -19,7 +19,7 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
-from denpex.fabric.ib_detect import PortMemory, port_observations
+from denpex.fabric.ib_detect import PortMemory, port_observations, threshold_problems
 from denpex.fabric.ib_ports import HELP, STATE_FILE, expected_rates, rdma_ports, read_port
 
 
@@ -39,6 +39,9 @@ class IbCollector(FabricCollector):
         self.state_path = Path(state_dir, STATE_FILE) if state_dir else None
 
     def available(self) -> tuple[bool, str]:
+        problems = threshold_problems(self.options.get("error_thresholds") or {})
+        if problems:
+            return False, "; ".join(problems)
         base = self.roots.sys("class", "infiniband")
         ports = rdma_ports(self.roots)
         if not ports:

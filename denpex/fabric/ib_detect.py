@@ -23,6 +23,28 @@ from denpex.fabric.ib_ports import (
     counter_metric,
 )
 
+# error counter (settings error_thresholds) → its detector
+ERROR_DETECTORS = {
+    "symbol_error": "net.ib_error.ib_symbol_error",
+    "link_error_recovery": "net.ib_error.ib_link_error_recovery",
+    "port_rcv_errors": "net.ib_error.ib_port_rcv_errors",
+    "port_rcv_remote_physical_errors": "net.ib_error.ib_port_rcv_remote_physical_errors",
+    "port_xmit_discards": "net.ib_error.ib_port_xmit_discards",
+    "local_link_integrity_errors": "net.ib_error.ib_local_link_integrity_errors",
+    "excessive_buffer_overrun_errors": "net.ib_error.ib_excessive_buffer_overrun_errors",
+    "local_ack_timeout_err": "net.ib_error.ib_local_ack_timeout_err",
+}
+
+
+def threshold_problems(rules: Mapping[str, Any]) -> list[str]:
+    """Counters in `error_thresholds` that no detector explains."""
+    return [
+        f"collectors.ib.error_thresholds: no detector for counter {name!r} "
+        f"(known: {', '.join(ERROR_DETECTORS)})"
+        for name in rules
+        if name not in ERROR_DETECTORS
+    ]
+
 
 @dataclass(slots=True)
 class PortMemory:
@@ -126,20 +148,10 @@ def _link_evidence(
         flaps = _count_flaps(m, ctx.now_ns, max(downed, 1) if was_up else downed, options)
         severity = "error" if was_up else str(options["down_at_start_severity"])
         when = "went down" if was_up else "is down"
-        summary = (
-            f"{r.link_layer} port {r.key} {when}: state {r.state_name or r.state}, "
-            f"physical {r.phys_name or r.phys_state}"
-        )
+        captures = {"flaps_in_window": str(flaps)}
         return [
             _evidence(
-                ctx,
-                r,
-                "net.link_down.ib_port_down",
-                "net.link_down",
-                severity,
-                summary,
-                "check_fabric",
-                {"flaps_in_window": str(flaps)},
+                ctx, r, "net.link_down.ib_port_down", captures, {"when": when}, severity=severity
             )
         ]
     m.down_reported = False
@@ -148,41 +160,22 @@ def _link_evidence(
         severity, action = "error", "check_fabric"
         if flaps >= int(options["flap_drain_count"]):
             severity, action = "critical", "drain_node"
-        summary = (
-            f"{r.link_layer} port {r.key} flapped: link went down {downed} time(s) since the "
-            f"last poll and is ACTIVE again ({flaps} in the last {options['flap_window_s']} s)"
-        )
         captures = {"link_downed_increase": str(downed), "flaps_in_window": str(flaps)}
+        window = {"window_s": options["flap_window_s"]}
         return [
             _evidence(
                 ctx,
                 r,
                 "net.link_down.ib_port_flap",
-                "net.link_down",
-                severity,
-                summary,
-                action,
                 captures,
+                window,
+                severity=severity,
+                action=action,
             )
         ]
     warn_at = options.get("link_downed_at_start_warn")
     if m.state is None and warn_at and link_downed is not None and link_downed >= int(warn_at):
-        summary = (
-            f"{r.link_layer} port {r.key} is ACTIVE but its link went down {link_downed} "
-            "time(s) since its counters were last reset (before this first look)"
-        )
-        return [
-            _evidence(
-                ctx,
-                r,
-                "net.link_down.ib_link_downed_before_start",
-                "net.link_down",
-                "warning",
-                summary,
-                "check_fabric",
-                {},
-            )
-        ]
+        return [_evidence(ctx, r, "net.link_down.ib_link_downed_before_start", {}, {})]
     return []
 
 
@@ -205,22 +198,9 @@ def _rate_evidence(
     if m.rate_reported:
         return []
     m.rate_reported = True
-    summary = (
-        f"{r.link_layer} port {r.key} runs at {r.rate_gbps:g} Gb/s ({r.rate_text}), below the "
-        f"{expected:g} Gb/s expected: a degraded cable, lane or speed negotiation"
-    )
-    return [
-        _evidence(
-            ctx,
-            r,
-            "net.link_down.ib_port_rate_degraded",
-            "net.link_down",
-            "warning",
-            summary,
-            "check_fabric",
-            {"expected_gbps": f"{expected:g}"},
-        )
-    ]
+    captures = {"expected_gbps": f"{expected:g}"}
+    values = {"rate_gbps": r.rate_gbps}
+    return [_evidence(ctx, r, "net.link_down.ib_port_rate_degraded", captures, values)]
 
 
 def _error_evidence(
@@ -243,26 +223,9 @@ def _error_evidence(
         level = level_for(total, rule)
         if rising(m.levels.get(name), level, LEVELS):
             assert level is not None
-            summary = (
-                f"{r.link_layer} port {r.key}: {name} rose by {total} in the last "
-                f"{window_s:g} s (threshold {rule.get(level)}); the link may drop next"
-                if name in ("symbol_error", "link_error_recovery")
-                else f"{r.link_layer} port {r.key}: {name} rose by {total} in the last "
-                f"{window_s:g} s (threshold {rule.get(level)})"
-            )
             captures = {"counter": name, "increase": str(total), "window_s": f"{window_s:g}"}
-            out.append(
-                _evidence(
-                    ctx,
-                    r,
-                    f"net.ib_error.ib_{name.lower()}",
-                    "net.ib_error",
-                    level,
-                    summary,
-                    "check_fabric",
-                    captures,
-                )
-            )
+            values = {"threshold": rule.get(level)}
+            out.append(_evidence(ctx, r, ERROR_DETECTORS[name], captures, values, severity=level))
         m.levels[name] = level
     return out
 
@@ -270,16 +233,17 @@ def _error_evidence(
 def _evidence(
     ctx: CollectContext,
     r: PortReading,
-    signature: str,
-    category: str,
-    severity: str,
-    summary: str,
-    action: str,
+    detector_id: str,
     extra: dict[str, str],
+    values: dict[str, Any],
+    *,
+    severity: str | None = None,
+    action: str | None = None,
 ) -> Observation:
     attrs = {"device": r.device, "port": r.port, "link_layer": r.link_layer}
     captures = {
         **attrs,
+        "key": r.key,
         "state": r.state_name or str(r.state),
         "phys_state": r.phys_name or str(r.phys_state),
         "rate": r.rate_text,
@@ -289,11 +253,10 @@ def _evidence(
     return poll_finding(
         ctx,
         "ib",
+        detector_id,
         attrs=dict(attrs),
-        signature=signature,
-        category=category,
-        severity=severity,
-        summary=summary,
-        action=action,
         captures=captures,
+        values=values,
+        severity=severity,
+        action=action,
     )

@@ -288,20 +288,12 @@ class RoceCollector(FabricCollector):
         found = self.tracker.update(f"{netdev}/{name}", stats[name], ctx.now_ns)
         if not found.increase:
             return []
-        summary = (
-            f"PFC storm on {netdev} ({device}): the NIC's pause storm prevention fired "
-            f"{found.increase} time(s) (it kept sending pause frames past the stall watermark)"
-        )
         captures = {"netdev": netdev, "device": device, "storm_error_events": str(found.increase)}
         return [
             self.finding(
                 ctx,
+                "net.link_down.pfc_storm_prevention",
                 attrs={"netdev": netdev, "device": device},
-                signature="net.link_down.pfc_storm_prevention",
-                category="net.link_down",
-                severity="error",
-                summary=summary,
-                action="check_fabric",
                 captures=captures,
             )
         ]
@@ -339,10 +331,6 @@ class RoceCollector(FabricCollector):
             f"{frames:.0f} pause frames/s" if frames is not None else "",
             f"paused {ratio:.0%} of the time" if ratio is not None else "",
         ]
-        summary = (
-            f"PFC storm on {netdev} ({device}) priority {priority}: {who}, "
-            f"{', '.join(s for s in shown if s)} for {streak} consecutive polls"
-        )
         captures = {
             "netdev": netdev,
             "device": device,
@@ -356,17 +344,14 @@ class RoceCollector(FabricCollector):
         return [
             self.finding(
                 ctx,
+                "net.link_down.pfc_storm",
                 attrs={
                     "netdev": netdev,
                     "device": device,
                     "priority": priority,
                     "direction": direction,
                 },
-                signature="net.link_down.pfc_storm",
-                category="net.link_down",
-                severity="error",
-                summary=summary,
-                action="check_fabric",
                 captures=captures,
+                values={"who": who, "shown": ", ".join(s for s in shown if s)},
             )
         ]

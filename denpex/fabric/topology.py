@@ -10,15 +10,36 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, Evidence
+from denpex.core.collector import CollectContext, Observation
+from denpex.core.events import Evidence
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.nccl_topo import MAX_XML_BYTES, Topology, TopologyError, parse_topology
 from denpex.fabric.topology_diff import Difference, compare_topologies
 
 MAX_FILES = 64
-FALLBACK_DETECTOR = {"category": "gpu.p2p_topology", "severity": "info", "action": "none"}
+# difference kind → its detector (denpex/core/detectors.yaml). NCCL lists only ACTIVE
+# ports, so a missing net is a port down; a GPU–NIC pair split across switches sends
+# GPUDirect RDMA through the root complex (or NCCL turns GDR off for it): a P2P path fault.
+DETECTORS = {
+    "pair_split": "gpu.p2p_topology.nccl_topo_pair_split",
+    "gpu_moved": "gpu.p2p_topology.nccl_topo_gpu_moved",
+    "nic_moved": "gpu.p2p_topology.nccl_topo_nic_moved",
+    "gdr_off": "gpu.p2p_topology.nccl_topo_gdr_off",
+    "gpu_missing": "gpu.fallen_off_bus.nccl_topo_gpu_missing",
+    "gpu_extra": "gpu.p2p_topology.nccl_topo_gpu_extra",
+    "gpu_sm": "gpu.p2p_topology.nccl_topo_gpu_sm",
+    "cpu_missing": "gpu.p2p_topology.nccl_topo_cpu_missing",
+    "cpu_extra": "gpu.p2p_topology.nccl_topo_cpu_extra",
+    "nvlink_missing": "gpu.nvlink.nccl_topo_nvlink_missing",
+    "nvlink_fewer": "gpu.nvlink.nccl_topo_nvlink_fewer",
+    "nvlink_extra": "gpu.nvlink.nccl_topo_nvlink_extra",
+    "nic_missing": "net.link_down.nccl_topo_nic_missing",
+    "nic_extra": "net.link_down.nccl_topo_nic_extra",
+    "nic_speed_lower": "net.link_down.nccl_topo_nic_speed_lower",
+    "nic_speed_higher": "net.link_down.nccl_topo_nic_speed_higher",
+    "pci_link_lower": "host.pcie_error.nccl_topo_pci_link_lower",
+}
 
 HELP = {
     "nccl_topo_valid": "1 when the NCCL topology dump parsed (label file)",
@@ -142,24 +163,10 @@ class NcclTopoCollector(FabricCollector):
         return out
 
     def _evidence(self, ctx: CollectContext, path: str, difference: Difference) -> Evidence:
-        detectors = self.options.get("detectors") or {}
-        detector = {**FALLBACK_DETECTOR, **(detectors.get(difference.kind) or {})}
-        summary = f"NCCL topology {path} differs from the golden profile: {difference.describe()}"
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="nccl_topo",
-            kind="state",
+        return self.finding(
+            ctx,
+            DETECTORS[difference.kind],
             attrs={"device": difference.device, "path": difference.path, "file": path},
-        )
-        return detector_evidence(
-            event,
-            signature=f"{detector['category']}.nccl_topo_{difference.kind}",
-            category=str(detector["category"]),
-            severity=str(detector["severity"]),
-            summary=summary,
-            action=str(detector["action"]),
             captures={
                 "kind": difference.kind,
                 "device": difference.device,
@@ -168,4 +175,5 @@ class NcclTopoCollector(FabricCollector):
                 "actual": difference.actual,
                 "file": path,
             },
+            values={"difference": difference.describe()},
         )

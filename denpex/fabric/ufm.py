@@ -26,6 +26,7 @@ from denpex.fabric.ufm_detect import (
     HELP,
     UfmState,
     alarm_evidence,
+    category_problems,
     in_scope,
     parse_ufm_time,
     parse_width,
@@ -224,6 +225,9 @@ class UfmCollector(FabricCollector):
             self._client = self._make_client()
         except ValueError as exc:
             self._config_error = str(exc)
+        problems = category_problems(self.options)
+        if problems:
+            self._client, self._config_error = None, "; ".join(problems)
 
     def _make_client(self) -> UfmClient:
         url = self.options.get("url")

@@ -26,6 +26,18 @@ HELP = {
 # UFM severity → evidence severity
 SEVERITY = {"critical": "critical", "major": "error", "minor": "warning", "warning": "warning"}
 UFM_SEVERITY_RANK = {"info": 0, "warning": 1, "minor": 2, "major": 3, "critical": 4}
+PORT_DETECTORS = {
+    "down": "net.link_down.ufm_port_down",
+    "degraded": "net.link_down.ufm_port_degraded",
+}
+# (alarm | event, the category `alarm_categories` chose) → detector
+ITEM_DETECTORS = {
+    ("alarm", "net.link_down"): "net.link_down.ufm_alarm",
+    ("alarm", "net.ib_error"): "net.ib_error.ufm_alarm",
+    ("event", "net.link_down"): "net.link_down.ufm_event",
+    ("event", "net.ib_error"): "net.ib_error.ufm_event",
+}
+ITEM_CATEGORIES = sorted({category for _, category in ITEM_DETECTORS})
 
 
 def port_is_up(port: Mapping[str, Any]) -> bool:
@@ -120,6 +132,17 @@ def categorise(item: Mapping[str, Any], options: Mapping[str, Any]) -> str:
     return str(options.get("default_category", "net.ib_error"))
 
 
+def category_problems(options: Mapping[str, Any]) -> list[str]:
+    """Categories in `alarm_categories`/`default_category` that UFM evidence cannot have."""
+    chosen = [rule.get("category") for rule in options.get("alarm_categories") or []]
+    chosen.append(options.get("default_category", "net.ib_error"))
+    return [
+        f"collectors.ufm: category {c!r} is not one of {', '.join(ITEM_CATEGORIES)}"
+        for c in chosen
+        if c not in ITEM_CATEGORIES
+    ]
+
+
 @dataclass(slots=True)
 class UfmState:
     """What survives between polls (and restarts, with state_dir): the alarms already
@@ -161,25 +184,22 @@ class UfmState:
 
 def _evidence(
     ctx: CollectContext,
+    detector_id: str,
     *,
     ts_ns: int | None,
-    signature: str,
-    category: str,
-    severity: str,
-    summary: str,
     captures: dict[str, str],
+    values: dict[str, Any],
+    severity: str | None = None,
 ) -> Evidence:
     return poll_finding(
         ctx,
         "ufm",
+        detector_id,
         ts_ns=ts_ns,
         attrs=dict(captures),
-        signature=signature,
-        category=category,
-        severity=severity,
-        summary=summary,
-        action="check_fabric",
         captures=captures,
+        values=values,
+        severity=severity,
     )
 
 
@@ -208,12 +228,10 @@ def port_evidence(
         out.append(
             _evidence(
                 ctx,
+                PORT_DETECTORS[what],
                 ts_ns=None,
-                signature=f"net.link_down.ufm_port_{what}",
-                category="net.link_down",
-                severity="error" if what == "down" else "warning",
-                summary=f"UFM reports InfiniBand port {where}{peer} {what}: {detail}",
                 captures={**labels, "problem": what, "detail": detail},
+                values={"where": where, "peer_text": peer},
             )
         )
     state.bad_ports = now_bad
@@ -279,11 +297,11 @@ def _item_evidence(
     obj = str(item.get("object_path") or item.get("object_name") or "?")
     return _evidence(
         ctx,
+        ITEM_DETECTORS[(kind, category)],
         ts_ns=parse_ufm_time(item.get("timestamp")),
-        signature=f"{category}.ufm_{kind}",
-        category=category,
+        # UFM's own severity of the alarm or event decides
         severity=SEVERITY.get(str(item.get("severity", "")).lower(), "warning"),
-        summary=f"UFM {kind} {name} on {obj}" + (f": {detail}" if detail else ""),
+        values={"detail_text": f": {detail}" if detail else ""},
         captures={
             f"{kind}_id": str(item.get("id")),
             "name": name,

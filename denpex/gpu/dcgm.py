@@ -37,6 +37,21 @@ IDENTITY_FIELDS = (
     "DCGM_FI_DEV_MINOR_NUMBER",
 )
 HEALTH_LEVEL = {"pass": 0, "warn": 1, "fail": 2}
+# health watch system → its detector (the category is what the system watches)
+HEALTH_DETECTORS = {
+    "pcie": "host.pcie_error.dcgm_health_pcie",
+    "nvlink": "gpu.nvlink.dcgm_health_nvlink",
+    "nvswitch_nonfatal": "gpu.nvlink.dcgm_health_nvswitch_nonfatal",
+    "nvswitch_fatal": "gpu.nvlink.dcgm_health_nvswitch_fatal",
+    "mem": "gpu.ecc_uncorrectable.dcgm_health_mem",
+    "sm": "gpu.ecc_uncorrectable.dcgm_health_sm",
+    "inforom": "gpu.reset_required.dcgm_health_inforom",
+    "thermal": "gpu.thermal.dcgm_health_thermal",
+    "power": "gpu.thermal.dcgm_health_power",
+    "pmu": "gpu.gsp_timeout.dcgm_health_pmu",
+    "mcu": "gpu.gsp_timeout.dcgm_health_mcu",
+    "driver": "gpu.driver_mismatch.dcgm_health_driver",
+}
 # connection lost: drop the session and connect again on the next poll
 _RECONNECT_CODES = {-21, -10, -7}  # CONNECTION_NOT_VALID, UNINITIALIZED, INIT_ERROR
 
@@ -246,13 +261,12 @@ class DcgmCollector(GpuCollector):
         return out
 
     def _incident_evidence(self, ctx: CollectContext, incident: Incident) -> Observation | None:
-        rule = (self.options.get("health") or {}).get(incident.system)
+        actions = (self.options.get("health") or {}).get(incident.system)
         severity = (self.options.get("health_severity") or {}).get(incident.health)
-        if not rule or not severity:
+        detector_id = HEALTH_DETECTORS.get(incident.system)
+        if not actions or not severity or detector_id is None:
             return None  # a system nobody mapped, or a pass
         labels = self._labels.get(incident.gpu, {}) if incident.gpu is not None else {}
-        what = f"GPU {incident.gpu}" if incident.gpu is not None else incident.entity
-        summary = f"DCGM health {incident.system} {incident.health} on {what}: {incident.message}"
         attrs = {
             "system": incident.system,
             "health": incident.health,
@@ -261,35 +275,30 @@ class DcgmCollector(GpuCollector):
             "gpu": "" if incident.gpu is None else str(incident.gpu),
             "UUID": labels.get("UUID", ""),
         }
+        what = f"GPU {incident.gpu}" if incident.gpu is not None else incident.entity
         return self.finding(
             ctx,
+            detector_id,
             kind="signal",
             attrs=attrs,
-            signature=f"{rule['category']}.dcgm_health_{incident.system}",
-            category=rule["category"],
-            severity=severity,
-            summary=summary,
-            action=rule.get(incident.health, "run_diagnostics"),
             captures={k: str(v) for k, v in attrs.items()},
+            values={"what": what, "message": incident.message},
+            # the health result (warn or fail) decides, through the settings' health tables
+            severity=severity,
+            action=actions.get(incident.health, "run_diagnostics"),
         )
 
     def _hang_evidence(self, ctx: CollectContext, caller: BoundedCaller, why: str) -> Observation:
-        rule = self.options.get("hung_call") or {}
-        category = rule.get("category", "gpu.gsp_timeout")
         session = self._session or self._opening
         call = (session.in_call if session else "") or caller.stuck_call or "a DCGM call"
-        summary = f"DCGM call {call} did not return within its deadline ({why})"
         attrs = {"call": call, "worker": caller.name}
         return self.finding(
             ctx,
+            "gpu.gsp_timeout.dcgm_call_hung",
             kind="signal",
             attrs=attrs,
-            signature=f"{category}.dcgm_call_hung",
-            category=category,
-            severity=rule.get("severity", "warning"),
-            summary=summary,
-            action=rule.get("action", "run_diagnostics"),
             captures={k: str(v) for k, v in attrs.items()},
+            values={"why": why},
         )
 
 

@@ -33,7 +33,6 @@ from denpex.gpu.xid import XidBurst, XidTableError, XidTracker, default_table, m
 
 SHIM_ENV = "DENPEX_NVML_SHIM"
 SHIM_SCENARIO_ENV = "DENPEX_NVML_SCENARIO"
-HUNG_CALL = ("gpu.gsp_timeout.nvml_call_hung", "gpu.gsp_timeout", "error", "run_diagnostics")
 
 
 class NvmlCollector(GpuCollector):
@@ -150,14 +149,14 @@ class NvmlCollector(GpuCollector):
             if index not in self._hangs:
                 call = reader.current_call or "an NVML call"
                 self._hangs[index] = call
-                summary = f"NVML call {call} on GPU {index} has not returned for {stuck:.1f} s"
-                out.append(self._evidence(ctx, index, Finding(*HUNG_CALL, summary, {"call": call})))
+                hung = Finding("gpu.gsp_timeout.nvml_call_hung", {"call": call}, {"stuck_s": stuck})
+                out.append(self._evidence(ctx, index, hung))
             return out
         except GpuGone as gone:
             out = list(down_metrics(index, identity, ctx.host, ctx.now_ns, 0.0))
             if index not in self._gone:
                 self._gone[index] = gone.text
-                out.append(self._evidence(ctx, index, _gone_finding(index, identity, gone)))
+                out.append(self._evidence(ctx, index, _gone_finding(gone)))
             return out
         except self._nvml.NVMLError as exc:  # e.g. no permission for the handle
             return [
@@ -212,40 +211,34 @@ class NvmlCollector(GpuCollector):
         self, ctx: CollectContext, index: int, finding: Finding, ts_ns: int | None = None
     ) -> Observation:
         identity = self._readers[index].identity if index in self._readers else {}
+        bus = identity.get("pci_bus_id")
         captures = {
             "gpu": str(index),
             "pci_bus_id": identity.get("pci_bus_id", ""),
             "uuid": identity.get("uuid", ""),
             **finding.captures,
         }
-        return detector_evidence(
-            self._event(ctx, index, finding.summary, ts_ns),
-            signature=finding.signature,
-            category=finding.category,
-            severity=finding.severity,
-            summary=finding.summary,
-            action=finding.action,
+        # a GPU lost before NVML named its bus is "GPU 3", else "GPU 3 (00000000:3B:00.0)"
+        values = {"gpu_name": f"GPU {index} ({bus})" if bus else f"GPU {index}"}
+        evidence = detector_evidence(
+            self._event(ctx, index, "", ts_ns),
+            finding.detector,
             captures=captures,
+            values={**values, **finding.values},
+            severity=finding.severity,
+            action=finding.action,
         )
+        evidence.event.body = evidence.summary
+        return evidence
 
     def _note(self, ctx: CollectContext, index: int, text: str) -> Event:
         return self._event(ctx, index, text)
 
     def _xid_evidence(self, ctx: CollectContext, burst: XidBurst) -> Observation:
-        index = int(burst.gpu)
         rule = burst.rule
-        bus = (
-            self._readers[index].identity.get("pci_bus_id", "?") if index in self._readers else "?"
-        )
-        summary = f"GPU {index} ({bus}): Xid {burst.xid}, {rule.name}"
-        if burst.count > 1:
-            summary += f" (x{burst.count} within {rule.window_s:g} s)"
+        repeat = f" (x{burst.count} within {rule.window_s:g} s)" if burst.count > 1 else ""
         finding = Finding(
-            f"{rule.category}.nvml_xid{burst.xid}",
-            rule.category,
-            rule.severity,
-            rule.action,
-            summary,
+            rule.detector,
             {
                 "xid": str(burst.xid),
                 "count": str(burst.count),
@@ -253,8 +246,12 @@ class NvmlCollector(GpuCollector):
                 "last": format_ts(burst.last_ns) or "",
                 "window_s": f"{rule.window_s:g}",
             },
+            {"repeat": repeat},
+            # the Xid table (a site may tune it per code) decides, not the catalog
+            severity=rule.severity,
+            action=rule.action,
         )
-        return self._evidence(ctx, index, finding, burst.first_ns)
+        return self._evidence(ctx, int(burst.gpu), finding, burst.first_ns)
 
     # -- health ----------------------------------------------------------------------------
     def degraded(self) -> str | None:
@@ -279,23 +276,8 @@ class NvmlCollector(GpuCollector):
             self._watcher.stop()
 
 
-def _gone_finding(index: int, identity: Mapping[str, str], gone: GpuGone) -> Finding:
-    bus = identity.get("pci_bus_id")
-    gpu = f"GPU {index} ({bus})" if bus else f"GPU {index}"  # lost before NVML named its bus
+def _gone_finding(gone: GpuGone) -> Finding:
+    captures = {"call": gone.call, "nvml_error": gone.text}
     if gone.reset_required:
-        return Finding(
-            "gpu.reset_required.nvml_reset_required",
-            "gpu.reset_required",
-            "critical",
-            "reset_gpu",
-            f"{gpu} needs a reset: {gone.call} answered '{gone.text}'",
-            {"call": gone.call, "nvml_error": gone.text},
-        )
-    return Finding(
-        "gpu.fallen_off_bus.nvml_gpu_lost",
-        "gpu.fallen_off_bus",
-        "critical",
-        "drain_node",
-        f"{gpu} is lost: {gone.call} answered '{gone.text}'",
-        {"call": gone.call, "nvml_error": gone.text},
-    )
+        return Finding("gpu.reset_required.nvml_reset_required", captures)
+    return Finding("gpu.fallen_off_bus.nvml_gpu_lost", captures)

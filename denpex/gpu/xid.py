@@ -16,11 +16,13 @@ from typing import Any
 
 import yaml
 
+from denpex.core.detectors import UnknownDetector, detector
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import SEVERITIES
-from denpex.core.taxonomy import load_taxonomy
 
-RULE_FIELDS = ("name", "category", "severity", "action", "count", "window_s")
+TABLE_FIELDS = ("detector", "count", "window_s")
+# what a site may change per code; the category is what the code means (its detector's)
+OVERRIDE_FIELDS = ("severity", "action", "count", "window_s")
 
 
 class XidTableError(ValueError):
@@ -29,7 +31,11 @@ class XidTableError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class XidRule:
-    name: str
+    """How one Xid code becomes evidence: its detector (denpex/core/detectors.yaml), the
+    severity and action it gets (the detector's unless a site changed them), and how many
+    occurrences inside one window make one evidence."""
+
+    detector: str
     category: str
     severity: str
     action: str
@@ -46,10 +52,19 @@ class XidTable:
         return self.codes.get(xid, self.default)
 
 
-def _problems(where: str, fields: Mapping[str, Any]) -> list[str]:
-    problems = [f"{where}.{k}: unknown field" for k in fields if k not in RULE_FIELDS]
-    if "category" in fields and fields["category"] not in load_taxonomy():
-        problems.append(f"{where}.category: {fields['category']!r} is not a taxonomy id")
+def _problems(where: str, fields: Mapping[str, Any], allowed: tuple[str, ...]) -> list[str]:
+    problems = [
+        f"{where}.{k}: the category is the code's detector's (a site changes severity/action)"
+        if k == "category"
+        else f"{where}.{k}: unknown field"
+        for k in fields
+        if k not in allowed
+    ]
+    if "detector" in fields:
+        try:
+            detector(str(fields["detector"]))
+        except UnknownDetector as exc:
+            problems.append(f"{where}.detector: {exc}")
     if "severity" in fields and fields["severity"] not in SEVERITIES:
         problems.append(f"{where}.severity: one of {', '.join(SEVERITIES)}")
     if "action" in fields and fields["action"] not in ACTIONS:
@@ -64,11 +79,12 @@ def _problems(where: str, fields: Mapping[str, Any]) -> list[str]:
 
 
 def _rule(fields: Mapping[str, Any]) -> XidRule:
+    entry = detector(str(fields["detector"]))
     return XidRule(
-        name=str(fields["name"]),
-        category=str(fields["category"]),
-        severity=str(fields["severity"]),
-        action=str(fields["action"]),
+        detector=entry.id,
+        category=entry.category,
+        severity=entry.severity,
+        action=entry.action,
         count=int(fields["count"]),
         window_s=float(fields["window_s"]),
     )
@@ -78,19 +94,19 @@ def parse_table(data: Mapping[str, Any], where: str = "xid.yaml") -> XidTable:
     """A parsed `xid.yaml` → XidTable; XidTableError names every problem."""
     default = data.get("default") or {}
     codes = data.get("codes") or {}
-    problems = _problems(f"{where}:default", default)
-    missing = [f for f in RULE_FIELDS if f not in default]
-    problems += [f"{where}:default.{f}: required" for f in missing]
+    problems = _problems(f"{where}:default", default, TABLE_FIELDS)
+    problems += [f"{where}:default.{f}: required" for f in TABLE_FIELDS if f not in default]
     for code, fields in codes.items():
         if not isinstance(code, int):
             problems.append(f"{where}:codes.{code}: an Xid number")
             continue
-        problems += _problems(f"{where}:codes.{code}", fields or {})
+        fields = fields or {}
+        problems += _problems(f"{where}:codes.{code}", fields, TABLE_FIELDS)
+        problems += [f"{where}:codes.{code}.{f}: required" for f in TABLE_FIELDS if f not in fields]
     if problems:
         raise XidTableError("; ".join(problems))
-    base = _rule(default)
     return XidTable(
-        codes={code: replace(base, **fields) for code, fields in codes.items()}, default=base
+        codes={code: _rule(fields) for code, fields in codes.items()}, default=_rule(default)
     )
 
 
@@ -101,7 +117,8 @@ def default_table() -> XidTable:
 
 
 def merge_overrides(table: XidTable, overrides: Mapping[Any, Any] | None) -> XidTable:
-    """`table` with a site's `xid_overrides` applied ({79: {severity: ...}}; keys may be
+    """`table` with a site's `xid_overrides` applied ({79: {severity: ...}}: severity,
+    action, count, window_s; keys may be
     strings of digits, as YAML or JSON configs give them). A code not in the table starts
     from the table's default rule. Pure; XidTableError names every problem."""
     if not overrides:
@@ -115,7 +132,7 @@ def merge_overrides(table: XidTable, overrides: Mapping[Any, Any] | None) -> Xid
         if code is None or not isinstance(fields, Mapping):
             problems.append(f"xid_overrides.{key}: an Xid number mapped to fields")
             continue
-        found = _problems(f"xid_overrides.{code}", fields)
+        found = _problems(f"xid_overrides.{code}", fields, OVERRIDE_FIELDS)
         if found:
             problems += found
             continue

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, metric
+from denpex.core.collector import CollectContext, Observation, poll_finding
+from denpex.core.events import metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
 from denpex.host.base import HostCollector
@@ -220,39 +220,21 @@ class CgroupCollector(HostCollector):
         ratio = float(self.options.get("memory_usage_ratio", 0.95))
         if self._edge(path, "memory", memory_near_limit(s, ratio)):
             pct = (s.working_set or 0) / (s.limit or 1)
+            captures = {
+                "working_set_bytes": str(s.working_set),
+                "limit_bytes": str(s.limit),
+                "ratio": f"{pct:.3f}",
+            }
             out.append(
                 self._evidence(
-                    ctx,
-                    job,
-                    path,
-                    "memory_near_limit",
-                    "host.oom_killed",
-                    "warning",
-                    f"cgroup {path} working set at {pct:.0%} of its memory limit "
-                    f"({s.working_set} of {s.limit} bytes)",
-                    "reduce_memory",
-                    {
-                        "working_set_bytes": str(s.working_set),
-                        "limit_bytes": str(s.limit),
-                        "ratio": f"{pct:.3f}",
-                    },
+                    ctx, job, path, "host.oom_killed.memory_near_limit", captures, {"pct": pct}
                 )
             )
         ratio = float(self.options.get("pids_ratio", 0.9))
         if self._edge(path, "pids", pids_near_limit(s, ratio)):
+            captures = {"pids": str(s.pids), "pids_max": str(s.pids_limit)}
             out.append(
-                self._evidence(
-                    ctx,
-                    job,
-                    path,
-                    "pids_near_limit",
-                    "host.fd_exhausted",
-                    "warning",
-                    f"cgroup {path} holds {s.pids} of its {s.pids_limit} pids: new processes and "
-                    "threads (DataLoader workers) will fail to start",
-                    "fix_config",
-                    {"pids": str(s.pids), "pids_max": str(s.pids_limit)},
-                )
+                self._evidence(ctx, job, path, "host.fd_exhausted.pids_near_limit", captures)
             )
         return out
 
@@ -266,24 +248,12 @@ class CgroupCollector(HostCollector):
         if before is None or s.oom_kill <= before:
             return []
         count = s.oom_kill - before
-        return [
-            self._evidence(
-                ctx,
-                job,
-                path,
-                "cgroup_oom_kill",
-                "host.oom_killed",
-                "critical",
-                f"the OOM killer killed {count} process(es) in cgroup {path} (memory limit "
-                f"{s.limit if s.limit is not None else 'none'} bytes)",
-                "reduce_memory",
-                {
-                    "count": str(count),
-                    "oom_kill_total": str(s.oom_kill),
-                    "limit_bytes": str(s.limit) if s.limit is not None else "",
-                },
-            )
-        ]
+        captures = {
+            "count": str(count),
+            "oom_kill_total": str(s.oom_kill),
+            "limit_bytes": str(s.limit) if s.limit is not None else "",
+        }
+        return [self._evidence(ctx, job, path, "host.oom_killed.cgroup_oom_kill", captures)]
 
     def _edge(self, path: str, what: str, condition: bool) -> bool:
         """True once when a condition starts holding; re-armed when it stops."""
@@ -301,28 +271,18 @@ class CgroupCollector(HostCollector):
         ctx: CollectContext,
         job: Registration,
         path: str,
-        what: str,
-        category: str,
-        severity: str,
-        summary: str,
-        action: str,
+        detector_id: str,
         captures: dict[str, str],
+        values: dict[str, Any] | None = None,
     ) -> Observation:
-        event = Event(
-            body=summary,
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="cgroup",
-            kind="state",
+        evidence = poll_finding(
+            ctx,
+            "cgroup",
+            detector_id,
             pid=job.pid,
             attrs={"cgroup": path},
-        )
-        return detector_evidence(
-            attribute(event, job),
-            signature=f"host.{category.split('.', 1)[1]}.{what}",
-            category=category,
-            severity=severity,
-            summary=summary,
-            action=action,
             captures={"cgroup": path, **captures},
+            values=values,
         )
+        attribute(evidence.event, job)
+        return evidence

@@ -64,8 +64,11 @@ def fill_level(avail_ratio: float, warning_ratio: float, error_ratio: float) -> 
     return "ok"
 
 
-def category_for(path: str) -> str:
-    return "host.shm_exhausted" if path.rstrip("/") == SHM else "host.disk_full"
+def detector_for(path: str) -> str:
+    """/dev/shm running full is shared memory exhausted; any other path, a full disk."""
+    if path.rstrip("/") == SHM:
+        return "host.shm_exhausted.low_free_space"
+    return "host.disk_full.low_free_space"
 
 
 class DiskCollector(HostCollector):
@@ -146,28 +149,21 @@ class DiskCollector(HostCollector):
         self._level[name] = level
         if LEVELS.index(level) <= LEVELS.index(before):
             return out  # report a path once per step down, again after it recovered
-        category = category_for(name)
-        severity = level
-        summary = (
-            f"{name} is {1 - usage.avail_ratio:.0%} full: {usage.avail_bytes} of "
-            f"{usage.size_bytes} bytes and {usage.inodes_free} of {usage.inodes} inodes free"
-        )
         out.append(
             self.finding(
                 ctx,
+                detector_for(name),
                 attrs={"path": name},
-                signature=f"host.{category.split('.', 1)[1]}.low_free_space",
-                category=category,
-                severity=severity,
-                summary=summary,
-                action="fix_config",
+                severity=level,
                 captures={
                     "path": name,
                     "avail_bytes": str(usage.avail_bytes),
                     "size_bytes": str(usage.size_bytes),
                     "inodes_free": str(usage.inodes_free),
+                    "inodes": str(usage.inodes),
                     "avail_ratio": f"{usage.avail_ratio:.4f}",
                 },
+                values={"used_ratio": 1 - usage.avail_ratio},
             )
         )
         return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from denpex.core.collector import detector_evidence
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.host.ebpf_layouts import OomVictim, ProcessExit, TcpFlow
 
@@ -72,8 +72,7 @@ def oom_observations(
     if cgroup is not None:
         attrs["cgroup"] = cgroup
     event = Event(
-        body=f"OOM killer chose process {victim.tgid} ({victim.comm}), "
-        f"RSS {victim.rss_bytes // 2**20} MiB" + (f" in cgroup {cgroup}" if cgroup else ""),
+        body="",
         ts_ns=ts_ns,
         host=host,
         source="ebpf.oom",
@@ -84,18 +83,19 @@ def oom_observations(
     )
     evidence = detector_evidence(
         event,
-        signature="host.oom_killed.oom_victim",
-        category="host.oom_killed",
-        severity="critical",
-        summary=event.body,
-        action="reduce_memory",
+        "host.oom_killed.oom_victim",
         captures={
             "pid": str(victim.tgid),
             "comm": victim.comm,
             "rss_bytes": str(victim.rss_bytes),
             "cgroup": cgroup or "",
         },
+        values={
+            "rss_mib": victim.rss_bytes // 2**20,
+            "in_cgroup": f" in cgroup {cgroup}" if cgroup else "",
+        },
     )
+    event.body = evidence.summary
     return [event, evidence]
 
 
@@ -106,12 +106,9 @@ def retransmit_evidence(
     hosts loses packets (a link going down, congestion drops, a dead peer)."""
     return detector_evidence(
         event,
-        signature="net.socket_error.tcp_retransmits",
-        category="net.socket_error",
-        severity="warning",
-        summary=f"{delta} TCP retransmits on {flow.name()} since the last poll",
-        action="check_fabric",
+        "net.socket_error.tcp_retransmits",
         captures={**labels, "retransmits": str(delta)},
+        values={"flow": flow.name()},
     )
 
 
@@ -121,11 +118,7 @@ def hang_evidence(event: Event, tgid: int, function: str, age_s: float, limit_s:
     every rank, the peers' kernel logs) rather than a blind restart."""
     return detector_evidence(
         event,
-        signature="train.hang.collective_blocked",
-        category="train.hang",
-        severity="warning",
-        summary=f"process {tgid} has been inside {function} for {age_s:.0f} s "
-        f"(threshold {limit_s:.0f} s)",
-        action="run_diagnostics",
+        "train.hang.collective_blocked",
         captures={"function": function, "age_s": f"{age_s:.0f}", "pid": str(tgid)},
+        values={"limit_s": limit_s},
     )

@@ -27,10 +27,14 @@ AER_TOTALS = {
     "nonfatal": "TOTAL_ERR_NONFATAL",
     "fatal": "TOTAL_ERR_FATAL",
 }
-# kind → (severity, action) when its total grows
+# kind → the detector of a growing total (correctable errors are metrics only)
 AER_DETECTORS = {
-    "fatal": ("critical", "drain_node"),
-    "nonfatal": ("error", "run_diagnostics"),
+    "fatal": "host.pcie_error.aer_counter_fatal",
+    "nonfatal": "host.pcie_error.aer_counter_nonfatal",
+}
+LINK_DETECTORS = {
+    "width": "host.pcie_error.link_width_degraded",
+    "speed": "host.pcie_error.link_speed_degraded",
 }
 
 HELP = {
@@ -190,35 +194,22 @@ class PcieCollector(HostCollector):
         new: int,
         counts: dict[str, int],
     ) -> Observation:
-        severity, action = AER_DETECTORS[aer_kind]
         named = ", ".join(f"{k} {v}" for k, v in counts.items() if v and not k.startswith("TOTAL"))
-        summary = (
-            f"PCIe device {device} ({kind or 'other'}) reported {new} new {aer_kind} AER "
-            f"error(s)" + (f": {named}" if named else "")
-        )
         return self.finding(
             ctx,
+            AER_DETECTORS[aer_kind],
             attrs={"device": device, "aer_kind": aer_kind},
-            signature=f"host.pcie_error.aer_{aer_kind}",
-            category="host.pcie_error",
-            severity=severity,
-            summary=summary,
-            action=action,
             captures={"device": device, "kind": aer_kind, "count": str(new), "errors": named},
+            values={"class": kind or "other", "named": f": {named}" if named else ""},
         )
 
     def _link_evidence(
         self, ctx: CollectContext, device: str, kind: str, what: str, detail: str, link: Link
     ) -> Observation:
-        summary = f"PCIe link of {kind} {device} runs degraded {what}: {detail}"
         return self.finding(
             ctx,
+            LINK_DETECTORS[what],
             attrs={"device": device},
-            signature=f"host.pcie_error.link_{what}_degraded",
-            category="host.pcie_error",
-            severity="warning",
-            summary=summary,
-            action="run_diagnostics",
             captures={
                 "device": device,
                 "class": kind,
@@ -227,4 +218,5 @@ class PcieCollector(HostCollector):
                 "speed_gts": str(link.speed),
                 "max_speed_gts": str(link.max_speed),
             },
+            values={"detail": detail},
         )

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
-from denpex.core.events import Event, metric
+from denpex.core.collector import CollectContext, Observation
+from denpex.core.events import metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
 from denpex.host.base import HostCollector
@@ -156,54 +156,27 @@ class ProcCollector(HostCollector):
             dstate_now.add(s.pid)
             if s.pid in self._dstate_before and self._edge(str(s.pid), "dstate", True):
                 wchan = (read_text(ctx.roots.proc(s.pid, "wchan")) or "").strip() or "?"
+                captures = {"pid": str(s.pid), "name": s.name, "wchan": wchan}
                 out.append(
-                    self._evidence(
-                        ctx,
-                        job,
-                        s.pid,
-                        "host.kernel_fault",
-                        "process_dstate",
-                        f"process {s.pid} ({s.name}) of job {labels['job']} has been in "
-                        f"uninterruptible sleep (D state) for two polls, waiting in {wchan}",
-                        "run_diagnostics",
-                        {"pid": str(s.pid), "name": s.name, "wchan": wchan},
-                    )
+                    self._evidence(ctx, job, s.pid, "host.kernel_fault.process_dstate", captures)
                 )
         limit = int(self.options.get("zombie_max", 10))
         if self._edge(labels["job"], "zombies", len(zombies) > limit):
-            out.append(
-                self._evidence(
-                    ctx,
-                    job,
-                    job.pid,
-                    "host.fd_exhausted",
-                    "zombies",
-                    f"job {labels['job']} has {len(zombies)} unreaped (zombie) processes, more "
-                    f"than {limit}: its parent does not wait() for exited children",
-                    "fix_code",
-                    {"count": str(len(zombies)), "threshold": str(limit)},
-                )
-            )
+            captures = {"count": str(len(zombies)), "threshold": str(limit)}
+            out.append(self._evidence(ctx, job, job.pid, "host.fd_exhausted.zombies", captures))
         ratio = float(self.options.get("fd_ratio", 0.9))
         for s in samples:
             r = fd_ratio(s)
             if self._edge(str(s.pid), "fds", r is not None and r >= ratio):
+                captures = {
+                    "pid": str(s.pid),
+                    "name": s.name,
+                    "open_fds": str(s.open_fds),
+                    "limit": str(s.fd_limit),
+                }
                 out.append(
                     self._evidence(
-                        ctx,
-                        job,
-                        s.pid,
-                        "host.fd_exhausted",
-                        "open_files_near_limit",
-                        f"process {s.pid} ({s.name}) of job {labels['job']} has {s.open_fds} open "
-                        f"files of its soft limit {s.fd_limit}: next open() fails with EMFILE",
-                        "fix_config",
-                        {
-                            "pid": str(s.pid),
-                            "name": s.name,
-                            "open_fds": str(s.open_fds),
-                            "limit": str(s.fd_limit),
-                        },
+                        ctx, job, s.pid, "host.fd_exhausted.open_files_near_limit", captures
                     )
                 )
         return out
@@ -223,21 +196,12 @@ class ProcCollector(HostCollector):
         ctx: CollectContext,
         job: Registration,
         pid: int,
-        category: str,
-        what: str,
-        summary: str,
-        action: str,
+        detector_id: str,
         captures: dict[str, str],
     ) -> Observation:
-        event = Event(
-            body=summary, ts_ns=ctx.now_ns, host=ctx.host, source="proc", kind="state", pid=pid
+        job_name = job.job or str(job.pid)
+        evidence = self.finding(
+            ctx, detector_id, pid=pid, captures=captures, values={"job": job_name}
         )
-        return detector_evidence(
-            attribute(event, job),
-            signature=f"host.{category.split('.', 1)[1]}.{what}",
-            category=category,
-            severity="warning",
-            summary=summary,
-            action=action,
-            captures=captures,
-        )
+        attribute(evidence.event, job)
+        return evidence

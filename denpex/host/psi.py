@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation, detector_evidence
+from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
@@ -27,11 +27,11 @@ from denpex.host.procfs import attribute, job_cgroup
 RESOURCES = ("cpu", "memory", "io")
 WINDOWS = ("avg10", "avg60", "avg300")
 
-# resource -> (line kind the detector watches, threshold option, category, action)
+# resource -> (line kind the detector watches, threshold option, detector id)
 DETECTORS = {
-    "memory": ("full", "memory_full_avg10", "host.oom_killed", "reduce_memory"),
-    "cpu": ("some", "cpu_some_avg10", "train.straggler", "run_diagnostics"),
-    "io": ("full", "io_full_avg10", "train.straggler", "run_diagnostics"),
+    "memory": ("full", "memory_full_avg10", "host.oom_killed.memory_pressure"),
+    "cpu": ("some", "cpu_some_avg10", "train.straggler.cpu_pressure"),
+    "io": ("full", "io_full_avg10", "train.straggler.io_pressure"),
 }
 
 
@@ -169,7 +169,7 @@ class PsiCollector(HostCollector):
                     ctx, f"psi_{kind}_stall_seconds_total", line.total_s, labels, job, counter=True
                 )
             )
-        kind, option, category, action = DETECTORS[resource]
+        kind, option, detector_id = DETECTORS[resource]
         watched = lines.get(kind)
         threshold = float(self.options.get(option, 1.0))
         key = (scope, resource)
@@ -180,36 +180,23 @@ class PsiCollector(HostCollector):
             return out  # already reported; re-armed once it falls below the threshold
         self._raised.add(key)
         where = "host" if job is None else f"cgroup {scope}"
-        event = Event(
-            body=f"{resource} pressure {kind} avg10={watched.avg10:.0%} on {where}",
-            ts_ns=ctx.now_ns,
-            host=ctx.host,
-            source="psi",
-            kind="state",
+        evidence = poll_finding(
+            ctx,
+            "psi",
+            detector_id,
             pid=job.pid if job else None,
             attrs={"resource": resource, **({"cgroup": scope} if job else {})},
+            captures={
+                "resource": resource,
+                "scope": where,
+                "kind": kind,
+                "avg10": f"{watched.avg10:.4f}",
+                "threshold": f"{threshold:.4f}",
+            },
+            values={"avg10_ratio": watched.avg10, "threshold_ratio": threshold},
         )
-        what = f"{resource}_pressure"
-        out.append(
-            detector_evidence(
-                attribute(event, job),
-                signature=f"host.{category.rsplit('.', 1)[-1]}.{what}",
-                category=category,
-                severity="warning",
-                summary=(
-                    f"{resource} pressure on {where}: {kind} avg10 {watched.avg10:.0%} "
-                    f"(threshold {threshold:.0%})"
-                ),
-                action=action,
-                captures={
-                    "resource": resource,
-                    "scope": where,
-                    "kind": kind,
-                    "avg10": f"{watched.avg10:.4f}",
-                    "threshold": f"{threshold:.4f}",
-                },
-            )
-        )
+        attribute(evidence.event, job)
+        out.append(evidence)
         return out
 
     def _metric(

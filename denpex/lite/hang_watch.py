@@ -15,7 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from denpex.core.collector import detector_evidence
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.lite.job_processes import JobProcess
@@ -151,14 +151,16 @@ class HangWatch:
         out = []
         for track, block in self.blocked_at(first_failure):
             seconds = max(0.0, min(block.until, first_failure) - block.since)
-            summary = f"rank {track.rank} blocked in {block.state.what} for {seconds:.0f} s"
+            doing = f"blocked in {block.state.what}"
             if block.state.kind == "running":
-                summary = (
-                    f"rank {track.rank} running on a CPU, not in a collective, for {seconds:.0f} s"
-                )
+                doing = "running on a CPU, not in a collective,"
             frame = self.innermost_frame(track.rank)
-            if frame:
-                summary += f" in {frame}"
+            values = {
+                "doing": doing,
+                "seconds": seconds,
+                "in_frame": f" in {frame}" if frame else "",
+            }
+            captures = {"rank": str(track.rank), "blocked_in": block.state.what}
             attrs: dict[str, str | int | float | bool] = {
                 "blocked_in": block.state.what,
                 "state": block.state.kind,
@@ -175,7 +177,7 @@ class HangWatch:
             elif self.stack_note:
                 attrs["python_stack_note"] = self.stack_note
             event = Event(
-                body=f"{summary} while the other ranks waited for it in a collective",
+                body="",
                 ts_ns=block.since_ns,
                 host=self.host,
                 source="proc",
@@ -184,17 +186,9 @@ class HangWatch:
                 pid=track.pid,
                 attrs=attrs,
             )
-            out.append(
-                detector_evidence(
-                    event,
-                    signature=DETECTOR,
-                    category="train.hang",
-                    severity="error",
-                    summary=summary,
-                    action="check_data",
-                    captures={"rank": str(track.rank), "blocked_in": block.state.what},
-                )
-            )
+            found = detector_evidence(event, DETECTOR, captures=captures, values=values)
+            event.body = f"{found.summary} while the other ranks waited for it in a collective"
+            out.append(found)
         return out
 
 

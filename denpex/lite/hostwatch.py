@@ -23,12 +23,6 @@ from denpex.host.kmsg import KmsgCollector
 from denpex.lite.job_processes import JobProcesses
 from denpex.lite.prefixes import ParsedLine
 
-CGROUP_OOM_SIGNATURE = "host.oom_killed.cgroup_oom_kill"
-CGROUP_OOM_EXPLAIN = (
-    "The kernel's OOM killer killed a process in the job's memory cgroup because the cgroup "
-    "reached its memory limit. Lower host memory use (fewer DataLoader workers, smaller "
-    "prefetch, no full-dataset copies in RAM) or raise the job's memory request."
-)
 CGROUP_POLL_S = 1.0  # how often the cgroup counters are read while the job runs
 HOST_SOURCES = ("kmsg", "cgroup")  # the sources whose records carry an attribution
 # the OOM killer's report opens with "<comm> invoked oom-killer: …", which names no pid; the

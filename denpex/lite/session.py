@@ -19,7 +19,7 @@ from denpex.core.diagnosis import Diagnosis
 from denpex.core.wire import Registration
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.agent_link import AgentLink, job_name
-from denpex.lite.hostwatch import CGROUP_OOM_EXPLAIN, CGROUP_OOM_SIGNATURE, RunHostWatch
+from denpex.lite.hostwatch import RunHostWatch
 from denpex.lite.job_watch import JobWatch
 from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
 from denpex.lite.scanner import LINE_CAP, Scanner
@@ -259,14 +259,12 @@ class LiteSession:
         self.scanner.close_all()
         self.scanner.apply_stream_defaults()
         evidence = self.scanner.evidence
-        explanations = {s.id: s.explain for s in self.catalog.signatures}
+        explanations = self.catalog.explanations()
         watch_stats: dict[str, int] = {}
         if self.job is not None:
             found, notes, watch_stats = self.job.finish(len(evidence))
             evidence.extend(found)
             self.notes.extend(notes)
-            if any(e.signature == CGROUP_OOM_SIGNATURE for e in found):
-                explanations[CGROUP_OOM_SIGNATURE] = CGROUP_OOM_EXPLAIN
         evidence.extend(self._agent_evidence(len(evidence)))
         dropped = sum(self.scanner.sdk_dropped.values())
         if dropped:

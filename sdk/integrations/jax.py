@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without jax
 import numpy as np
 
 from denpex._native import load
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
 
@@ -124,12 +125,8 @@ class StepWatch:
         if not math.isfinite(loss):
             self._send_once(
                 f"nan:{self.rank}",
-                signature="train.nan_loss.value",
-                category="train.nan_loss",
-                severity="error",
-                summary=f"loss became {loss} at step {self.step} (rank {self.rank})",
-                action="fix_code",
-                captures={"rank": str(self.rank), "step": str(self.step), "loss": str(loss)},
+                "train.nan_loss.value",
+                {"rank": str(self.rank), "step": str(self.step), "loss": str(loss)},
             )
         return loss
 
@@ -162,16 +159,8 @@ class StepWatch:
         named = ",".join(devices[i] for i in bad)
         self._send_once(
             f"sdc:{index}:{named}",
-            signature="train.sdc.replica_mismatch",
-            category="train.sdc",
-            severity="critical",
-            summary=(
-                f"device(s) {named} of rank {self.rank} hold a copy of parameter leaf {index} "
-                f"that differs from the other {len(digests) - len(bad)} replica(s) after step "
-                f"{self.step}"
-            ),
-            action="drain_node",
-            captures={
+            "train.sdc.replica_mismatch",
+            {
                 "rank": str(self.rank),
                 "step": str(self.step),
                 "param": f"leaf{index}",
@@ -180,12 +169,12 @@ class StepWatch:
             },
         )
 
-    def _send_once(self, key: str, **fields: Any) -> None:
+    def _send_once(self, key: str, detector_id: str, captures: dict[str, str]) -> None:
         if key in self._reported:
             return
         self._reported.add(key)
         event = Event(
-            body=fields["summary"],
+            body="",
             ts_ns=time.time_ns(),
             host=self.host,
             source="sdk",
@@ -193,7 +182,9 @@ class StepWatch:
             rank=self.rank,
             pid=os.getpid(),
         )
-        evidence = Evidence(id=f"sdk-jax-{self.host}-{os.getpid()}-{key}", event=event, **fields)
+        evidence = detector_evidence(event, detector_id, captures=captures)
+        evidence.id = f"sdk-jax-{self.host}-{os.getpid()}-{key}"
+        event.body = evidence.summary
         try:
             if self._emit is not None:
                 self._emit(evidence)

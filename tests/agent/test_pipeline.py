@@ -69,10 +69,8 @@ def test_detector_evidence_passes_through_with_an_id_and_attribution(pipeline):
         [
             detector_evidence(
                 event,
-                signature="host.oom_killed.cgroup_oom_kill",
-                category="host.oom_killed",
-                severity="critical",
-                summary="1 OOM kill",
+                "host.oom_killed.cgroup_oom_kill",
+                captures={"count": "1", "cgroup": "/slurm/job_1"},
             )
         ]
     )

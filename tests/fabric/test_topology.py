@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from denpex.core.collector import CollectContext, settings
-from denpex.core.diagnosis import ACTIONS
-from denpex.core.events import SEVERITIES, Event, Evidence
+from denpex.core.collector import CollectContext
+from denpex.core.detectors import detector
+from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.core.taxonomy import load_taxonomy
-from denpex.fabric.topology import NcclTopoCollector
+from denpex.fabric.topology import DETECTORS, NcclTopoCollector
 from denpex.fabric.topology_diff import DIFFERENCE_KINDS
 
 TOPO = Path(__file__).parent / "fixtures" / "nccl_topo"
@@ -48,20 +47,18 @@ def dumps(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_settings_cover_every_difference_with_known_ids() -> None:
-    detectors = settings("denpex.fabric:settings.yaml", "nccl_topo")["detectors"]
-    assert set(detectors) == set(DIFFERENCE_KINDS)
-    taxonomy = load_taxonomy()
-    for kind, detector in detectors.items():
-        assert detector["category"] in taxonomy, kind
-        assert detector["severity"] in SEVERITIES and detector["action"] in ACTIONS, kind
-    assert detectors["pair_split"]["category"] == "gpu.p2p_topology"
-    assert detectors["nvlink_missing"]["category"] == "gpu.nvlink"
-    assert detectors["nic_speed_lower"] == {
-        "category": "net.link_down",
-        "severity": "warning",
-        "action": "check_fabric",
-    }
+def test_every_difference_kind_has_its_detector() -> None:
+    assert set(DETECTORS) == set(DIFFERENCE_KINDS)
+    for kind, detector_id in DETECTORS.items():
+        assert detector_id.endswith(f".nccl_topo_{kind}"), kind
+    assert detector(DETECTORS["pair_split"]).category == "gpu.p2p_topology"
+    assert detector(DETECTORS["nvlink_missing"]).category == "gpu.nvlink"
+    found = detector(DETECTORS["nic_speed_lower"])
+    assert (found.category, found.severity, found.action) == (
+        "net.link_down",
+        "warning",
+        "check_fabric",
+    )
 
 
 def test_available_says_why_not(tmp_path: Path) -> None:

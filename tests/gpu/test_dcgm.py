@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from denpex.core.collector import CollectContext
+from denpex.core.detectors import detector
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import Evidence
 from denpex.core.roots import Roots
-from denpex.core.taxonomy import load_taxonomy
-from denpex.gpu.dcgm import NOT_FOUND, DcgmCollector, run_diagnostics
+from denpex.gpu.dcgm import HEALTH_DETECTORS, NOT_FOUND, DcgmCollector, run_diagnostics
 from denpex.gpu.dcgm_api import DcgmError, DcgmSession, load_library
-from denpex.gpu.dcgm_layouts import FIELD_VALUE_VERSION1, FieldValueV1
+from denpex.gpu.dcgm_layouts import FIELD_VALUE_VERSION1, HEALTH_SYSTEMS, FieldValueV1
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = """\
@@ -123,12 +123,12 @@ def test_health_incidents_become_evidence_once(fake_dcgm, scenario) -> None:
     assert second[0].captures["gpu"] == "1" and second[0].event.host == "node7"
 
 
-def test_health_mapping_uses_known_categories_and_actions() -> None:
+def test_every_watched_health_system_has_a_detector_and_known_actions() -> None:
     options = DcgmCollector(Roots()).options
-    for rule in options["health"].values():
-        assert rule["category"] in load_taxonomy()
-        assert rule["warn"] in ACTIONS and rule["fail"] in ACTIONS
-    assert options["hung_call"]["category"] in load_taxonomy()
+    assert set(options["health"]) == set(HEALTH_DETECTORS) <= set(HEALTH_SYSTEMS)
+    for system, actions in options["health"].items():
+        assert detector(HEALTH_DETECTORS[system]).varies, system
+        assert actions["warn"] in ACTIONS and actions["fail"] in ACTIONS
 
 
 def test_level3_diagnostic_reports_the_failing_test(fake_dcgm, scenario) -> None:

@@ -72,19 +72,21 @@ def test_table_covers_the_well_known_codes_with_valid_categories() -> None:
 
 def test_overrides_merge_per_field_and_accept_string_keys() -> None:
     table = merge_overrides(
-        default_table(), {"79": {"severity": "error"}, 13: {"count": 5}, 500: {"name": "new"}}
+        default_table(), {"79": {"severity": "error"}, 13: {"count": 5}, 500: {"count": 2}}
     )
     assert table.rule(79).severity == "error"
     assert table.rule(79).category == "gpu.fallen_off_bus"  # untouched fields stay
     assert table.rule(13).count == 5
-    assert table.rule(500).name == "new" and table.rule(500).category == table.default.category
+    assert table.rule(500).count == 2 and table.rule(500).category == table.default.category
+    assert table.rule(500).detector == "gpu.mmu_fault.nvml_xid_unlisted"
     assert default_table().rule(79).severity == "critical"  # pure: the default is unchanged
 
 
 @pytest.mark.parametrize(
     "overrides, problem",
     [
-        ({79: {"category": "gpu.nope"}}, "not a taxonomy id"),
+        ({79: {"category": "gpu.thermal"}}, "the category is the code's detector's"),
+        ({79: {"name": "renamed"}}, "unknown field"),
         ({79: {"severity": "loud"}}, "severity"),
         ({79: {"action": "panic"}}, "action"),
         ({79: {"count": 0}}, "count"),
@@ -98,8 +100,15 @@ def test_bad_overrides_are_refused_with_the_key(overrides, problem) -> None:
 
 
 def test_table_without_default_fields_is_refused() -> None:
-    with pytest.raises(XidTableError, match=r"default\.category: required"):
-        parse_table({"default": {"name": "x"}, "codes": {}})
+    with pytest.raises(XidTableError, match=r"default\.detector: required"):
+        parse_table({"default": {"count": 1, "window_s": 60}, "codes": {}})
+
+
+def test_table_refuses_a_detector_missing_from_the_catalog() -> None:
+    default = {"detector": "gpu.mmu_fault.nvml_xid_unlisted", "count": 1, "window_s": 60}
+    codes = {7: {"detector": "gpu.mmu_fault.nvml_xid7", "count": 1, "window_s": 60}}
+    with pytest.raises(XidTableError, match=r"codes\.7\.detector: .*not in denpex/core"):
+        parse_table({"default": default, "codes": codes})
 
 
 def test_flood_becomes_one_burst_with_count_and_times() -> None:

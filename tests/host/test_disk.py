@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.host.disk import DiskCollector, Usage, category_for, fill_level
+from denpex.host.disk import DiskCollector, Usage, detector_for, fill_level
 
 
 def evidence(out: list) -> list[Evidence]:
@@ -25,9 +25,9 @@ def test_fill_level_and_category() -> None:
     assert fill_level(0.5, 0.10, 0.02) == "ok"
     assert fill_level(0.05, 0.10, 0.02) == "warning"
     assert fill_level(0.01, 0.10, 0.02) == "error"
-    assert category_for("/dev/shm") == "host.shm_exhausted"
-    assert category_for("/dev/shm/") == "host.shm_exhausted"
-    assert category_for("/ckpt") == "host.disk_full"
+    assert detector_for("/dev/shm") == "host.shm_exhausted.low_free_space"
+    assert detector_for("/dev/shm/") == "host.shm_exhausted.low_free_space"
+    assert detector_for("/ckpt") == "host.disk_full.low_free_space"
 
 
 def test_inodes_running_out_counts_as_full() -> None:

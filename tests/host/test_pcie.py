@@ -83,12 +83,15 @@ def test_link_and_aer_from_fixture(fixture_roots) -> None:
     )
     second = evidence(collector.collect(ctx))
     by_sig = {e.signature: e for e in second}
-    assert set(by_sig) == {"host.pcie_error.aer_fatal", "host.pcie_error.aer_nonfatal"}
-    f = by_sig["host.pcie_error.aer_fatal"]
+    assert set(by_sig) == {
+        "host.pcie_error.aer_counter_fatal",
+        "host.pcie_error.aer_counter_nonfatal",
+    }
+    f = by_sig["host.pcie_error.aer_counter_fatal"]
     assert (f.category, f.severity, f.action) == ("host.pcie_error", "critical", "drain_node")
     assert f.captures == {"device": NIC, "kind": "fatal", "count": "1", "errors": "CmpltTO 1"}
     assert NIC in f.summary and "CmpltTO 1" in f.summary
-    nf = by_sig["host.pcie_error.aer_nonfatal"]
+    nf = by_sig["host.pcie_error.aer_counter_nonfatal"]
     assert (nf.severity, nf.action, nf.captures["count"]) == ("error", "run_diagnostics", "2")
     assert evidence(collector.collect(ctx)) == []  # no new errors, link still x8: quiet
 

@@ -70,13 +70,13 @@ def test_host_and_job_pressure_from_fixture(fixture_roots) -> None:
     assert set(found) == {
         ("host.oom_killed.memory_pressure", "host"),
         ("host.oom_killed.memory_pressure", "cgroup /slurm/job_42"),
-        ("host.straggler.cpu_pressure", "host"),
+        ("train.straggler.cpu_pressure", "host"),
     }
     job_ev = found[("host.oom_killed.memory_pressure", "cgroup /slurm/job_42")]
     assert job_ev.severity == "warning" and job_ev.category == "host.oom_killed"
     assert job_ev.event.job == "train-42" and job_ev.event.attrs["cgroup"] == "/slurm/job_42"
     assert job_ev.captures["avg10"] == "0.2500"
-    cpu_ev = found[("host.straggler.cpu_pressure", "host")]
+    cpu_ev = found[("train.straggler.cpu_pressure", "host")]
     assert cpu_ev.category == "train.straggler" and cpu_ev.severity == "warning"
 
 
