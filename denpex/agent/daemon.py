@@ -160,6 +160,7 @@ class Agent:
                 headers={str(k): str(v) for k, v in (otlp.get("headers") or {}).items()},
                 timeout_s=float(otlp["timeout_s"]),
             ),
+            helps=self.help_texts(),
         )
         self.pipeline.evidence_sinks.append(self.shipper.submit_evidence)
         self.shipper.start()

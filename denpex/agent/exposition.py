@@ -1,7 +1,7 @@
 """Prometheus text exposition of the agent: collector values and the agent's own health.
 
-Formatting is prometheus_client's (escaping, `# HELP`/`# TYPE`); this module only decides
-names and labels. Every series is named `denpex_<name>`; counters end in `_total`.
+Formatting is prometheus_client's (escaping, `# HELP`/`# TYPE`); names follow the rule of
+denpex.agent.metric_names (`denpex_<name>`, counters end in `_total`), shared with OTLP.
 """
 
 from __future__ import annotations
@@ -13,16 +13,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from denpex import __version__
+from denpex.agent.metric_names import PREFIX, family_name, help_text, series_name
 from denpex.agent.pipeline import Pipeline
 from denpex.agent.scheduler import CollectorState
-
-PREFIX = "denpex_"
-# dcgm-exporter's names are kept as they are, so existing GPU dashboards work unchanged
-VERBATIM_PREFIXES = ("DCGM_",)
-
-
-def exported_name(name: str) -> str:
-    return name if name.startswith(VERBATIM_PREFIXES) else PREFIX + name
 
 
 @dataclass
@@ -45,12 +38,12 @@ class AgentView:
         families: dict[str, Metric] = {}
         for (name, labels), value in sorted(self.pipeline.metric_values().items()):
             counter = value.type == "counter"
-            base = exported_name(name.removesuffix("_total") if counter else name)
+            base = family_name(name, counter=counter)
             family = families.get(base)
             if family is None:
-                doc = helps.get(name, f"{name} as reported by the {value.source} collector")
+                doc = help_text(name, value.source, helps)
                 family = families[base] = Metric(base, doc, "counter" if counter else "gauge")
-            family.add_sample(base + ("_total" if counter else ""), dict(labels), value.value)
+            family.add_sample(series_name(name, counter=counter), dict(labels), value.value)
         yield from families.values()
 
     def _self_metrics(self) -> Iterator[Metric]:

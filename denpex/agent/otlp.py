@@ -4,8 +4,9 @@ requests (protobuf or OTLP JSON), and an exporter that POSTs them to any OTLP en
 Encoders never do I/O; the exporter never retries by itself and never raises for a failed
 export: it says whether the failure is worth retrying, and the caller decides.
 
-Metric names keep the Prometheus form with the `denpex_` prefix (`denpex_psi_some_avg10_ratio`)
-so that a series scraped from /metrics and the same series received over OTLP have one name.
+Metric names and descriptions follow denpex.agent.metric_names, the rule /metrics uses
+(`denpex_psi_some_avg10_ratio`, counters ending in `_total`), so that a series scraped from
+/metrics and the same series received over OTLP have one name and one description.
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from denpex.agent.metric_names import help_text, series_name
 from denpex.core.events import METRIC_RESERVED, Event, Evidence
 
 SCOPE_NAME = "denpex"
-METRIC_PREFIX = "denpex_"
-VERBATIM_PREFIXES = ("DCGM_",)  # dcgm-exporter's names, kept so GPU dashboards match
 # Evidence.severity → (SeverityNumber, SeverityText), per the OTLP log data model.
 SEVERITY = {"info": (9, "INFO"), "warning": (13, "WARN"), "error": (17, "ERROR")}
 SEVERITY["critical"] = (21, "FATAL")
@@ -133,27 +133,29 @@ def encode_logs(
     return request
 
 
-def metric_name(event: Event) -> str:
-    body = event.body
-    return body if body.startswith((METRIC_PREFIX, *VERBATIM_PREFIXES)) else METRIC_PREFIX + body
-
-
 def encode_metrics(
-    events: Iterable[Event], *, now_ns: int | None = None, start_ns: int = 0
+    events: Iterable[Event],
+    *,
+    now_ns: int | None = None,
+    start_ns: int = 0,
+    helps: Mapping[str, str] | None = None,
 ) -> ExportMetricsServiceRequest:
     """Metric events (from denpex.core.events.metric) → one request: gauges as Gauge, counters
-    as monotonic cumulative Sum starting at `start_ns`; labels become point attributes."""
+    as monotonic cumulative Sum starting at `start_ns`; labels become point attributes; the
+    collectors' HELP texts (`helps`, by event name) become descriptions."""
     now = now_ns if now_ns is not None else time.time_ns()
     groups: dict[_Resource, dict[tuple[str, str], metrics_pb2.Metric]] = {}
     for event in events:
         if event.kind != "metric":
             raise ValueError(f"event {event.body!r} is of kind {event.kind!r}, not 'metric'")
-        kind = "counter" if event.attrs.get("type") == "counter" else "gauge"
-        name = metric_name(event)
+        counter = event.attrs.get("type") == "counter"
+        kind = "counter" if counter else "gauge"
+        name = series_name(event.body, counter=counter)
         by_name = groups.setdefault((event.host, event.job, event.tenant), {})
         metric = by_name.get((name, kind))
         if metric is None:
-            metric = by_name[(name, kind)] = metrics_pb2.Metric(name=name)
+            description = help_text(event.body, event.source, helps or {})
+            metric = by_name[(name, kind)] = metrics_pb2.Metric(name=name, description=description)
             if kind == "counter":
                 metric.sum.is_monotonic = True
                 metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE

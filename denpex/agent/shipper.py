@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -63,9 +63,11 @@ class Shipper:
         min_backoff_s: float = 0.5,
         idle_wait_s: float = 1.0,
         seed: int | None = None,
+        helps: Mapping[str, str] | None = None,
     ) -> None:
         self.spool = spool
         self.exporter = exporter
+        self.helps = dict(helps or {})  # metric name → HELP text, sent as OTLP description
         self.batch_size = batch_size
         self.max_backoff_s = max_backoff_s
         self.min_backoff_s = min(min_backoff_s, max_backoff_s)
@@ -185,7 +187,7 @@ class Shipper:
             snapshot, self._metrics = self._metrics, None
         if not snapshot:
             return
-        request = encode_metrics(snapshot, start_ns=self._start_ns)
+        request = encode_metrics(snapshot, start_ns=self._start_ns, helps=self.helps)
         result = self.exporter.export_metrics(request, timeout_s=self._timeout())
         if result.ok:
             self._note_success(len(snapshot) - result.rejected)
