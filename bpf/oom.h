@@ -1,4 +1,4 @@
-/* Shared between oom.bpf.c and user space (mirrored by denpex/host/ebpf_layouts.py). */
+/* Shared between oom.bpf.c and user space (mirrored by denpex/host/ebpf/layouts.py). */
 #ifndef DENPEX_OOM_H
 #define DENPEX_OOM_H
 

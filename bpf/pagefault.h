@@ -1,4 +1,4 @@
-/* Shared between pagefault.bpf.c and user space (mirrored by denpex/host/ebpf_layouts.py). */
+/* Shared between pagefault.bpf.c and user space (mirrored by denpex/host/ebpf/layouts.py). */
 #ifndef DENPEX_PAGEFAULT_H
 #define DENPEX_PAGEFAULT_H
 

@@ -1,4 +1,4 @@
-/* Shared between sched.bpf.c and user space (mirrored by denpex/host/ebpf_layouts.py). */
+/* Shared between sched.bpf.c and user space (mirrored by denpex/host/ebpf/layouts.py). */
 #ifndef DENPEX_SCHED_H
 #define DENPEX_SCHED_H
 

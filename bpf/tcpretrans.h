@@ -1,4 +1,4 @@
-/* Shared between tcpretrans.bpf.c and user space (mirrored by denpex/host/ebpf_layouts.py). */
+/* Shared between tcpretrans.bpf.c and user space (mirrored by denpex/host/ebpf/layouts.py). */
 #ifndef DENPEX_TCPRETRANS_H
 #define DENPEX_TCPRETRANS_H
 

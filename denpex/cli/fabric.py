@@ -84,8 +84,8 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
 
 def _topology(args: argparse.Namespace):
     from denpex.core.roots import Roots
-    from denpex.fabric.sysfs_topology import sysfs_topology
-    from denpex.fabric.topology import TopologyError, read_topology
+    from denpex.fabric.nccl_topo.collector import TopologyError, read_topology
+    from denpex.fabric.nccl_topo.sysfs import sysfs_topology
 
     if args.nccl_topo:
         try:
@@ -102,7 +102,7 @@ def _topology(args: argparse.Namespace):
 
 
 def handle_snapshot(args: argparse.Namespace) -> int:
-    from denpex.fabric.nccl_topo import snapshot_xml
+    from denpex.fabric.nccl_topo.model import snapshot_xml
 
     text = snapshot_xml(_topology(args))
     if args.output:
@@ -117,8 +117,8 @@ def handle_snapshot(args: argparse.Namespace) -> int:
 
 
 def handle_check(args: argparse.Namespace) -> int:
-    from denpex.fabric.topology import TopologyError, read_topology
-    from denpex.fabric.topology_diff import compare_topologies
+    from denpex.fabric.nccl_topo.collector import TopologyError, read_topology
+    from denpex.fabric.nccl_topo.diff import compare_topologies
 
     try:
         golden = read_topology(args.golden)

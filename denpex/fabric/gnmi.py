@@ -21,7 +21,7 @@ from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
-from denpex.fabric.ufm import read_secret
+from denpex.fabric.ufm.collector import read_secret
 
 log = logging.getLogger(__name__)
 INSTALL_HINT = "install the gNMI client: pip install 'denpex[fabric]' (pygnmi, grpcio)"

@@ -23,7 +23,7 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
-from denpex.fabric.ib_ports import parse_counter, rdma_ports
+from denpex.fabric.ib.ports import parse_counter, rdma_ports
 
 _PRIO = re.compile(r"^(rx|tx)_prio(\d)_(pause|pause_duration)$")
 # hw_counters of the RDMA device → (metric, HELP)

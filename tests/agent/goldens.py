@@ -37,10 +37,10 @@ from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration, event_from_dict, evidence_from_dict
 from denpex.fabric.gpudirect import GpuDirectCollector
-from denpex.fabric.ib import IbCollector
+from denpex.fabric.ib.collector import IbCollector
+from denpex.fabric.nccl_topo.collector import NcclTopoCollector
 from denpex.fabric.roce import RoceCollector
-from denpex.fabric.topology import NcclTopoCollector
-from denpex.gpu.scenario import SCENARIO_ENV, build_fake_library, compile_scenario, write_lines
+from denpex.gpu.nvml.scenario import SCENARIO_ENV, build_fake_library, compile_scenario, write_lines
 from denpex.host.cgroup import CgroupCollector
 from denpex.host.numa import NumaCollector
 from denpex.host.pcie import PcieCollector
@@ -70,7 +70,7 @@ from denpex.core.collector import CollectContext
 from denpex.core.events import Evidence
 from denpex.core.roots import Roots
 from denpex.core.wire import event_to_dict, evidence_to_dict
-from denpex.gpu.nvml import NvmlCollector
+from denpex.gpu.nvml.collector import NvmlCollector
 
 collector = NvmlCollector(Roots(), {"first_drain_s": 0.2})
 found = collector.collect(CollectContext(Roots(), sys.argv[1], now_ns=int(sys.argv[2])))
@@ -188,7 +188,7 @@ def _states(runs: list[tuple[Collector, list[Observation]]]) -> list[CollectorSt
 
 def build(work: Path) -> dict[str, str]:
     """Every golden file's expected text, by file name."""
-    from denpex.gpu.nvml import NvmlCollector
+    from denpex.gpu.nvml.collector import NvmlCollector
 
     runs = [*host_observations(), *fabric_observations()]
     nvml = nvml_observations(work)

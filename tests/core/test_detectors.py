@@ -20,7 +20,7 @@ from denpex.core.detectors import (
 )
 from denpex.core.events import Event
 from denpex.core.taxonomy import load_taxonomy
-from denpex.gpu.xid import default_table
+from denpex.gpu.nvml.xid import default_table
 
 REPO = Path(__file__).resolve().parents[2]
 # where detector evidence is built: the collectors, the agent, the wrapper, the SDK
@@ -164,7 +164,7 @@ def emitted_ids() -> dict[str, str]:
                 found.setdefault(node.value, f"{path.relative_to(REPO)}:{node.lineno}")
     table = default_table()
     for code, rule in [*table.codes.items(), (None, table.default)]:
-        found.setdefault(rule.detector, f"denpex/gpu/xid.yaml (code {code or 'default'})")
+        found.setdefault(rule.detector, f"denpex/gpu/nvml/xid.yaml (code {code or 'default'})")
     return found
 
 

@@ -17,6 +17,8 @@ from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.fabric.gpudirect import GpuDirectCollector, bridges_between, iommu_mode, parse_cmdline
+from denpex.fabric.nccl_topo.diff import compare_topologies
+from denpex.fabric.nccl_topo.sysfs import nccl_ancestors, parse_rate_mbps, sysfs_topology
 from denpex.fabric.pci_sysfs import (
     PciDevice,
     config_readable,
@@ -25,8 +27,6 @@ from denpex.fabric.pci_sysfs import (
     parse_acs,
     pci_chain,
 )
-from denpex.fabric.sysfs_topology import nccl_ancestors, parse_rate_mbps, sysfs_topology
-from denpex.fabric.topology_diff import compare_topologies
 from tests.fabric import gpudirect_fixtures
 
 FIXTURES = Path(__file__).parent / "fixtures"

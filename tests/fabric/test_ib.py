@@ -12,8 +12,8 @@ import pytest
 from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.fabric.ib import IbCollector
-from denpex.fabric.ib_ports import (
+from denpex.fabric.ib.collector import IbCollector
+from denpex.fabric.ib.ports import (
     PortReading,
     expected_rates,
     parse_counter,

@@ -15,7 +15,7 @@ import pytest
 from denpex.agent.config import load_config
 from denpex.agent.daemon import Agent
 from denpex.agent.registry import COLLECTORS
-from denpex.fabric.ib import IbCollector
+from denpex.fabric.ib.collector import IbCollector
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGISTERED = any(cls.name == "ib" for cls in COLLECTORS)

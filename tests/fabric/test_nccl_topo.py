@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from denpex.fabric.nccl_topo import (
+from denpex.fabric.nccl_topo.diff import DIFFERENCE_KINDS, compare_topologies
+from denpex.fabric.nccl_topo.model import (
     Cpu,
     Gpu,
     Net,
@@ -21,7 +22,6 @@ from denpex.fabric.nccl_topo import (
     parse_topology,
     snapshot_xml,
 )
-from denpex.fabric.topology_diff import DIFFERENCE_KINDS, compare_topologies
 
 TOPO = Path(__file__).parent / "fixtures" / "nccl_topo"
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.fabric.ib import IbCollector
+from denpex.fabric.ib.collector import IbCollector
 from denpex.fabric.roce import (
     PauseCounter,
     RoceCollector,

@@ -13,8 +13,8 @@ from denpex.core.collector import CollectContext
 from denpex.core.detectors import detector
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.fabric.topology import DETECTORS, NcclTopoCollector
-from denpex.fabric.topology_diff import DIFFERENCE_KINDS
+from denpex.fabric.nccl_topo.collector import DETECTORS, NcclTopoCollector
+from denpex.fabric.nccl_topo.diff import DIFFERENCE_KINDS
 
 TOPO = Path(__file__).parent / "fixtures" / "nccl_topo"
 ROOTS = Roots()

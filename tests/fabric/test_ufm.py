@@ -9,7 +9,7 @@ import pytest
 from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
-from denpex.fabric.ufm import (
+from denpex.fabric.ufm.collector import (
     UfmClient,
     UfmCollector,
     UfmError,

@@ -19,9 +19,9 @@ from denpex.core.detectors import detector
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import Evidence
 from denpex.core.roots import Roots
-from denpex.gpu.dcgm import HEALTH_DETECTORS, NOT_FOUND, DcgmCollector, run_diagnostics
-from denpex.gpu.dcgm_api import DcgmError, DcgmSession, load_library
-from denpex.gpu.dcgm_layouts import FIELD_VALUE_VERSION1, HEALTH_SYSTEMS, FieldValueV1
+from denpex.gpu.dcgm.api import DcgmError, DcgmSession, load_library
+from denpex.gpu.dcgm.collector import HEALTH_DETECTORS, NOT_FOUND, DcgmCollector, run_diagnostics
+from denpex.gpu.dcgm.layouts import FIELD_VALUE_VERSION1, HEALTH_SYSTEMS, FieldValueV1
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = """\
@@ -226,7 +226,7 @@ def test_library_found_by_soname_on_the_loader_path(fake_dcgm, scenario) -> None
     code = (
         "from denpex.core.collector import CollectContext\n"
         "from denpex.core.roots import Roots\n"
-        "from denpex.gpu.dcgm import DcgmCollector\n"
+        "from denpex.gpu.dcgm.collector import DcgmCollector\n"
         "c = DcgmCollector(Roots())\n"
         "assert c.available()[0], c.available()\n"
         "out = c.collect(CollectContext(roots=Roots(), host='n'))\n"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from denpex.gpu.scenario import SCENARIO_ENV, build_fake_library, compile_scenario, write_lines
+from denpex.gpu.nvml.scenario import SCENARIO_ENV, build_fake_library, compile_scenario, write_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ DRIVER = textwrap.dedent(
     from denpex.core.collector import CollectContext
     from denpex.core.events import Evidence
     from denpex.core.roots import Roots
-    from denpex.gpu.nvml import NvmlCollector
+    from denpex.gpu.nvml.collector import NvmlCollector
 
     options, pauses = json.loads(sys.argv[1]), json.loads(sys.argv[2])
     collector = NvmlCollector(Roots(), options)
@@ -346,7 +346,7 @@ def test_shim_xid79_at_t0_through_the_collector_api(tmp_path: Path) -> None:
 def test_shim_without_scenario_is_unavailable_with_the_reason(tmp_path: Path) -> None:
     env = {**os.environ, "DENPEX_NVML_SHIM": "1", "PYTHONPATH": str(REPO)}
     env.pop("DENPEX_NVML_SCENARIO", None)
-    code = "from denpex.gpu.nvml import NvmlCollector; from denpex.core.roots import Roots; print(NvmlCollector(Roots()).available())"
+    code = "from denpex.gpu.nvml.collector import NvmlCollector; from denpex.core.roots import Roots; print(NvmlCollector(Roots()).available())"
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
@@ -356,7 +356,7 @@ def test_shim_without_scenario_is_unavailable_with_the_reason(tmp_path: Path) ->
 def test_no_library_is_unavailable_with_the_reason(tmp_path: Path) -> None:
     env = {**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "PYTHONPATH": str(REPO)}
     env.pop("DENPEX_NVML_SHIM", None)
-    code = "from denpex.gpu.nvml import NvmlCollector; from denpex.core.roots import Roots; print(NvmlCollector(Roots()).available())"
+    code = "from denpex.gpu.nvml.collector import NvmlCollector; from denpex.core.roots import Roots; print(NvmlCollector(Roots()).available())"
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from denpex.gpu.scenario import (
+from denpex.gpu.nvml.scenario import (
     FakeLibraryError,
     ScenarioError,
     build_fake_library,

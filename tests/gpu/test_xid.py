@@ -8,7 +8,13 @@ from hypothesis import strategies as st
 
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.taxonomy import load_taxonomy
-from denpex.gpu.xid import XidTableError, XidTracker, default_table, merge_overrides, parse_table
+from denpex.gpu.nvml.xid import (
+    XidTableError,
+    XidTracker,
+    default_table,
+    merge_overrides,
+    parse_table,
+)
 
 S = 1_000_000_000
 EXPECTED = {

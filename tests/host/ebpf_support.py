@@ -40,9 +40,9 @@ def bpf_unavailable() -> str | None:
     if not Path("/sys/kernel/btf/vmlinux").exists():
         return "kernel has no BTF (/sys/kernel/btf/vmlinux)"
     try:
-        from denpex.host import bpf_loader
+        from denpex.host.ebpf import loader
 
-        bpf_loader.libbpf()
+        loader.libbpf()
     except OSError as exc:
         return f"libbpf.so.1 not loadable: {exc}"
     return None

@@ -1,4 +1,4 @@
-"""The ctypes mirrors in denpex/host/ebpf_layouts.py against the structs of bpf/*.h: the
+"""The ctypes mirrors in denpex/host/ebpf/layouts.py against the structs of bpf/*.h: the
 sizes and offsets the build measured with the C compiler (layouts.json), and no struct
 left without a mirror."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from denpex.host.ebpf_layouts import MIRRORS
+from denpex.host.ebpf.layouts import MIRRORS
 from tests.host.ebpf_support import REPO, build_module, built_dir
 
 

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from denpex.core.collector import CollectContext
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
-from denpex.host import ebpf_layouts as L
-from denpex.host.ebpf import EbpfCollector
-from denpex.host.ebpf_events import exit_event, hang_evidence, oom_observations
-from denpex.host.ebpf_targets import (
+from denpex.host.ebpf import layouts as L
+from denpex.host.ebpf.collector import EbpfCollector
+from denpex.host.ebpf.events import exit_event, hang_evidence, oom_observations
+from denpex.host.ebpf.targets import (
     cgroup_path_by_inode,
     descendants,
     is_under,

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from denpex.gpu.dcgm_layouts import (
+from denpex.gpu.dcgm.layouts import (
     BLANK_FP64,
     BLANK_INT64,
     CONNECT_PARAMS_VERSION2,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from denpex.gpu.nvml_query import GpuSample
+from denpex.gpu.nvml.query import GpuSample
 
 
 @dataclass(frozen=True, slots=True)

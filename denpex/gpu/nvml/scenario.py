@@ -1,5 +1,5 @@
 """Scenarios for the fake NVML library: validate a YAML scenario, write the line file the C
-library (`nvml_fake.c`) reads, and compile that library on demand into a cache folder.
+library (`fake.c`) reads, and compile that library on demand into a cache folder.
 
 Used by tests and by `DENPEX_NVML_SHIM=1` demos; never loads anything into a process that
 did not ask for the shim, and never touches a real GPU.
@@ -224,7 +224,7 @@ def cache_dir() -> Path:
 def build_fake_library(where: Path | None = None) -> Path:
     """Compile the fake libnvidia-ml.so.1 (shipped as C source) with the system C compiler,
     once per source version; returns its path. FakeLibraryError when it cannot."""
-    source = resources.files("denpex.gpu").joinpath("nvml_fake.c").read_bytes()
+    source = resources.files("denpex.gpu.nvml").joinpath("fake.c").read_bytes()
     folder = (where or cache_dir()) / hashlib.sha256(source).hexdigest()[:12]
     target = folder / LIBRARY_NAME
     if target.exists():
@@ -238,7 +238,7 @@ def build_fake_library(where: Path | None = None) -> Path:
         )
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        c_file = Path(scratch, "nvml_fake.c")
+        c_file = Path(scratch, "fake_nvml.c")
         c_file.write_bytes(source)
         built = Path(scratch, LIBRARY_NAME)
         result = subprocess.run(

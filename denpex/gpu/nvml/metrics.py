@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from denpex.core.events import Event, metric
-from denpex.gpu.nvml_query import NVLINK_COUNTERS, REMAP_BANKS, GpuSample
+from denpex.gpu.nvml.query import NVLINK_COUNTERS, REMAP_BANKS, GpuSample
 
 MIB = 1 << 20
 

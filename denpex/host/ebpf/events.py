@@ -9,7 +9,7 @@ from typing import Any
 
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
-from denpex.host.ebpf_layouts import OomVictim, ProcessExit, TcpFlow
+from denpex.host.ebpf.layouts import OomVictim, ProcessExit, TcpFlow
 
 METRICS_HELP: dict[str, str] = {
     "ebpf_program_attached": "1 when the eBPF program (label program) is loaded and attached",

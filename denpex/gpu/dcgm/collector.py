@@ -16,7 +16,7 @@ from denpex.core.deadline import BoundedCaller, DeadlineExceeded
 from denpex.core.events import metric
 from denpex.core.roots import Roots
 from denpex.gpu.base import GpuCollector
-from denpex.gpu.dcgm_api import (
+from denpex.gpu.dcgm.api import (
     DcgmError,
     DcgmSession,
     DiagResult,
@@ -24,7 +24,7 @@ from denpex.gpu.dcgm_api import (
     Incident,
     load_library,
 )
-from denpex.gpu.dcgm_layouts import FIELD_IDS, HEALTH_SYSTEMS
+from denpex.gpu.dcgm.layouts import FIELD_IDS, HEALTH_SYSTEMS
 
 __all__ = ["DcgmCollector", "DiagResult", "DiagTest", "run_diagnostics"]
 

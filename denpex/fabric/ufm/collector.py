@@ -22,7 +22,7 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
-from denpex.fabric.ufm_detect import (
+from denpex.fabric.ufm.detect import (
     HELP,
     UfmState,
     alarm_evidence,

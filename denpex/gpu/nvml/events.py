@@ -13,7 +13,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from denpex.gpu.xid import XidTracker
+from denpex.gpu.nvml.xid import XidTracker
 
 XID_EVENT = 0x8
 DBE_EVENT = 0x2

@@ -19,17 +19,17 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
-from denpex.host import bpf_loader, ebpf_layouts
 from denpex.host.base import HostCollector
-from denpex.host.ebpf_events import (
+from denpex.host.ebpf import layouts, loader
+from denpex.host.ebpf.events import (
     METRICS_HELP,
     exit_event,
     hang_evidence,
     oom_observations,
     retransmit_evidence,
 )
-from denpex.host.ebpf_layouts import CollectiveCall, PagefaultCounts, SchedMax, SchedStats
-from denpex.host.ebpf_targets import (
+from denpex.host.ebpf.layouts import CollectiveCall, PagefaultCounts, SchedMax, SchedStats
+from denpex.host.ebpf.targets import (
     cgroup_path_by_inode,
     descendants,
     is_under,
@@ -75,7 +75,7 @@ class EbpfCollector(HostCollector):
 
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
-        self.objects: dict[str, bpf_loader.BpfObject] = {}
+        self.objects: dict[str, loader.BpfObject] = {}
         self.program_errors: dict[str, str] = {}  # program -> why it is not running
         self.load_seconds: dict[str, float] = {}
         self._loaded = False
@@ -85,8 +85,8 @@ class EbpfCollector(HostCollector):
         self._tcp_prev: dict[bytes, int] = {}
         self._libraries: dict[tuple[int, int], str] = {}  # (dev, ino) -> path or error
         self._hangs_reported: set[tuple[int, int]] = set()
-        self._exits: list[ebpf_layouts.ProcessExit] = []  # filled by ring-buffer callbacks
-        self._ooms: list[ebpf_layouts.OomVictim] = []
+        self._exits: list[layouts.ProcessExit] = []  # filled by ring-buffer callbacks
+        self._ooms: list[layouts.OomVictim] = []
 
     # -- availability and loading -------------------------------------------------------
 
@@ -106,7 +106,7 @@ class EbpfCollector(HostCollector):
                 "(needs clang, bpftool and kernel BTF) or set DENPEX_BPF_DIR"
             )
         try:
-            bpf_loader.libbpf()
+            loader.libbpf()
         except OSError as exc:
             problems.append(f"libbpf.so.1 cannot be loaded ({exc}): install libbpf1")
         btf = self.roots.sys("kernel", "btf", "vmlinux")
@@ -132,21 +132,21 @@ class EbpfCollector(HostCollector):
             path = folder / f"{program}.bpf.o"
             try:
                 if not path.is_file():
-                    raise bpf_loader.BpfError(f"{path} not built")
-                obj = bpf_loader.BpfObject(path)
+                    raise loader.BpfError(f"{path} not built")
+                obj = loader.BpfObject(path)
                 try:
                     self._attach(program, obj)
                 except Exception:
                     obj.close()
                     raise
-            except (bpf_loader.BpfError, OSError) as exc:
+            except (loader.BpfError, OSError) as exc:
                 self.program_errors[program] = str(exc)
                 log.warning("eBPF program %s not running: %s", program, exc)
                 continue
             self.objects[program] = obj
             self.load_seconds[program] = time.perf_counter() - started
 
-    def _attach(self, program: str, obj: bpf_loader.BpfObject) -> None:
+    def _attach(self, program: str, obj: loader.BpfObject) -> None:
         if program == "sched":
             obj.attach_all()
             obj.ring_buffer("exits", self._on_exit)
@@ -163,10 +163,10 @@ class EbpfCollector(HostCollector):
         self.objects.clear()
 
     def _on_exit(self, data: bytes) -> None:
-        self._exits.append(ebpf_layouts.decode_exit(data))
+        self._exits.append(layouts.decode_exit(data))
 
     def _on_oom(self, data: bytes) -> None:
-        self._ooms.append(ebpf_layouts.decode_oom(data))
+        self._ooms.append(layouts.decode_oom(data))
 
     # -- one poll -----------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class EbpfCollector(HostCollector):
                 reader = getattr(self, f"_collect_{program}", None)  # oom: ring buffer only
                 if reader is not None:
                     out += reader(ctx, obj)
-            except (bpf_loader.BpfError, OSError, ValueError) as exc:
+            except (loader.BpfError, OSError, ValueError) as exc:
                 log.warning("eBPF program %s: poll failed: %s", program, exc)
         for ex in self._exits:
             job = self._job_fields(ex.tgid)
@@ -290,7 +290,7 @@ class EbpfCollector(HostCollector):
 
     # -- per program ----------------------------------------------------------------------
 
-    def _collect_sched(self, ctx: CollectContext, obj: bpf_loader.BpfObject) -> list[Observation]:
+    def _collect_sched(self, ctx: CollectContext, obj: loader.BpfObject) -> list[Observation]:
         out: list[Observation] = []
         stats_map, max_map = obj.map("stats"), obj.map("maxima")
         for tgid in sorted(self._watched):
@@ -310,9 +310,7 @@ class EbpfCollector(HostCollector):
             ]  # fmt: skip
         return out
 
-    def _collect_pagefault(
-        self, ctx: CollectContext, obj: bpf_loader.BpfObject
-    ) -> list[Observation]:
+    def _collect_pagefault(self, ctx: CollectContext, obj: loader.BpfObject) -> list[Observation]:
         out: list[Observation] = []
         faults = obj.map("faults")
         for tgid in sorted(self._watched):
@@ -330,10 +328,8 @@ class EbpfCollector(HostCollector):
                 )
         return out
 
-    def _collect_tcpretrans(
-        self, ctx: CollectContext, obj: bpf_loader.BpfObject
-    ) -> list[Observation]:
-        flows = obj.map("flows").items(ebpf_layouts.TcpFlowKey, ebpf_layouts.TcpFlowStats)
+    def _collect_tcpretrans(self, ctx: CollectContext, obj: loader.BpfObject) -> list[Observation]:
+        flows = obj.map("flows").items(layouts.TcpFlowKey, layouts.TcpFlowStats)
         current = {bytes(key): (key, value) for key, value in flows}
         deltas = []
         for raw, (key, value) in current.items():
@@ -345,14 +341,14 @@ class EbpfCollector(HostCollector):
         threshold = int(self.options.get("tcp_retransmits_per_poll", 50))
         out: list[Observation] = []
         for delta, key, value in deltas[: int(self.options.get("tcp_top_flows", 20))]:
-            flow = ebpf_layouts.decode_flow(key)
+            flow = layouts.decode_flow(key)
             labels = {
                 "saddr": flow.saddr,
                 "daddr": flow.daddr,
                 "sport": str(flow.sport),
                 "dport": str(flow.dport),
                 "family": flow.family,
-                "state": ebpf_layouts.tcp_state_name(value.state),
+                "state": layouts.tcp_state_name(value.state),
             }
             event = self._metric(
                 ctx, "ebpf_tcp_retransmits_total", value.retransmits, "ebpf.tcp",
@@ -363,9 +359,7 @@ class EbpfCollector(HostCollector):
                 out.append(retransmit_evidence(event, flow, labels, delta))
         return out
 
-    def _collect_collective(
-        self, ctx: CollectContext, obj: bpf_loader.BpfObject
-    ) -> list[Observation]:
+    def _collect_collective(self, ctx: CollectContext, obj: loader.BpfObject) -> list[Observation]:
         self._attach_libraries(obj)
         inflight = obj.map("inflight")
         now_mono = time.monotonic_ns()
@@ -396,7 +390,7 @@ class EbpfCollector(HostCollector):
                 out.append(hang_evidence(event, tgid, fn, age, hang_s))
         return out
 
-    def _attach_libraries(self, obj: bpf_loader.BpfObject) -> None:
+    def _attach_libraries(self, obj: loader.BpfObject) -> None:
         paths = {str(p): None for p in self.options.get("collective_libraries") or ()}
         for tgid in self._watched:
             maps = read_text(self.roots.proc(tgid, "maps")) or ""
@@ -415,7 +409,7 @@ class EbpfCollector(HostCollector):
                     obj.attach_uprobe("on_call_enter", path, fn, retprobe=False, cookie=cookie)
                     obj.attach_uprobe("on_call_exit", path, fn, retprobe=True, cookie=cookie)
                     attached.append(fn)
-                except bpf_loader.BpfError as exc:
+                except loader.BpfError as exc:
                     errors.append(str(exc))
             result = f"attached {','.join(attached)}" if attached else "; ".join(errors[:1])
             self._libraries[(st.st_dev, st.st_ino)] = f"{path}: {result}"
@@ -423,7 +417,7 @@ class EbpfCollector(HostCollector):
 
     # -- ring-buffer records --------------------------------------------------------------
 
-    def _victim_cgroup(self, victim: ebpf_layouts.OomVictim) -> str | None:
+    def _victim_cgroup(self, victim: layouts.OomVictim) -> str | None:
         cgroup = cgroup_path_by_inode(self.roots.cgroup("memory"), victim.memcg_ino)
         for hierarchy in ("unified", ""):
             if cgroup is None:

@@ -19,8 +19,8 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
-from denpex.fabric.ib_detect import PortMemory, port_observations, threshold_problems
-from denpex.fabric.ib_ports import HELP, STATE_FILE, expected_rates, rdma_ports, read_port
+from denpex.fabric.ib.detect import PortMemory, port_observations, threshold_problems
+from denpex.fabric.ib.ports import HELP, STATE_FILE, expected_rates, rdma_ports, read_port
 
 
 class IbCollector(FabricCollector):

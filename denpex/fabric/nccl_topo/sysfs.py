@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from denpex.core.roots import Roots, read_text
-from denpex.fabric.nccl_topo import Cpu, Gpu, Net, Pci, Topology
+from denpex.fabric.nccl_topo.model import Cpu, Gpu, Net, Pci, Topology
 from denpex.fabric.pci_sysfs import HOST_BRIDGE, PciDevice, list_devices
 
 ATTR_FILES = ("class", "vendor", "device", "subsystem_vendor", "subsystem_device")

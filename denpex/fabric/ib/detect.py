@@ -13,7 +13,7 @@ from typing import Any
 from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
 from denpex.fabric.counters import CounterTracker, IncreaseWindow, level_for, rising
-from denpex.fabric.ib_ports import (
+from denpex.fabric.ib.ports import (
     COUNTER_HELP,
     LEVELS,
     RENAMED,

@@ -112,7 +112,7 @@ def parse_table(data: Mapping[str, Any], where: str = "xid.yaml") -> XidTable:
 
 @cache
 def default_table() -> XidTable:
-    text = resources.files("denpex.gpu").joinpath("xid.yaml").read_text()
+    text = resources.files("denpex.gpu.nvml").joinpath("xid.yaml").read_text()
     return parse_table(yaml.safe_load(text))
 
 

@@ -14,8 +14,8 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Evidence
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
-from denpex.fabric.nccl_topo import MAX_XML_BYTES, Topology, TopologyError, parse_topology
-from denpex.fabric.topology_diff import Difference, compare_topologies
+from denpex.fabric.nccl_topo.diff import Difference, compare_topologies
+from denpex.fabric.nccl_topo.model import MAX_XML_BYTES, Topology, TopologyError, parse_topology
 
 MAX_FILES = 64
 # difference kind → its detector (denpex/core/detectors.yaml). NCCL lists only ACTIVE

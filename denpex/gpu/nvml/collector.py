@@ -24,12 +24,12 @@ from denpex.core.deadline import BoundedCaller, DeadlineExceeded
 from denpex.core.events import Event, format_ts
 from denpex.core.roots import Roots
 from denpex.gpu.base import GpuCollector
-from denpex.gpu.nvml_detect import Finding, detect
-from denpex.gpu.nvml_events import EventWatcher
-from denpex.gpu.nvml_metrics import HELP, down_metrics, gpu_labels, sample_metrics, xid_metrics
-from denpex.gpu.nvml_query import GpuGone, GpuReader, GpuSample
-from denpex.gpu.scenario import FakeLibraryError, ScenarioError, prepare_shim
-from denpex.gpu.xid import XidBurst, XidTableError, XidTracker, default_table, merge_overrides
+from denpex.gpu.nvml.detect import Finding, detect
+from denpex.gpu.nvml.events import EventWatcher
+from denpex.gpu.nvml.metrics import HELP, down_metrics, gpu_labels, sample_metrics, xid_metrics
+from denpex.gpu.nvml.query import GpuGone, GpuReader, GpuSample
+from denpex.gpu.nvml.scenario import FakeLibraryError, ScenarioError, prepare_shim
+from denpex.gpu.nvml.xid import XidBurst, XidTableError, XidTracker, default_table, merge_overrides
 
 SHIM_ENV = "DENPEX_NVML_SHIM"
 SHIM_SCENARIO_ENV = "DENPEX_NVML_SCENARIO"

@@ -1,6 +1,6 @@
 /* A stand-in libnvidia-ml.so.1 that answers the NVML calls denpex makes from a scenario, so
  * the real pynvml and the real collector run end to end without a GPU. It never touches
- * hardware. The scenario is the line file that denpex/gpu/scenario.py writes (path in
+ * hardware. The scenario is the line file that denpex/gpu/nvml/scenario.py writes (path in
  * DENPEX_FAKE_NVML_SCENARIO): one "T<tab>GPU<tab>KEY<tab>VALUE" per line, sorted by T,
  * where T is seconds since nvmlInit and GPU -1 means the whole system. The latest line of a
  * key whose T has passed is its value. Same symbol names and struct layouts as the real

@@ -36,7 +36,7 @@ class GpuGone(Exception):
 
 @dataclass(slots=True)
 class GpuSample:
-    """What one GPU answered in one poll: `values` by field name (see nvml_metrics)."""
+    """What one GPU answered in one poll: `values` by field name (see metrics.py)."""
 
     index: int
     identity: dict[str, str]

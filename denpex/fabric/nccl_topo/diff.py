@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from denpex.fabric.nccl_topo import Placed, Topology
+from denpex.fabric.nccl_topo.model import Placed, Topology
 
 DIFFERENCE_KINDS = (
     "cpu_missing",
