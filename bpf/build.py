@@ -38,6 +38,12 @@ def missing(btf: Path = DEFAULT_BTF) -> str | None:
     return ", ".join(lacking) or None
 
 
+def shared_headers() -> list[Path]:
+    """The headers whose structs user space mirrors; `*.bpf.h` are kernel side only (maps
+    and helpers several programs include) and cannot be compiled by the host C compiler."""
+    return sorted(h for h in BPF_DIR.glob("*.h") if not h.name.endswith(".bpf.h"))
+
+
 def struct_fields(header_text: str) -> dict[str, list[str]]:
     """The structs a header defines and their field names, in order (pure)."""
     return {
@@ -111,7 +117,7 @@ def build(
         if strip:  # drop DWARF, keep .BTF/.BTF.ext (CO-RE needs them): ~600 kB -> ~10 kB
             subprocess.run([strip, "-g", str(obj)], check=True)
         written.append(obj)
-    headers = sorted(h for h in BPF_DIR.glob("*.h"))
+    headers = shared_headers()
     written.append(write_layouts(headers, out))
     return written
 

@@ -5,13 +5,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "pagefault.h"
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32); /* tgid */
-	__type(value, __u8);
-} watched SEC(".maps");
+#include "watched.bpf.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -27,7 +21,7 @@ int BPF_PROG(on_page_fault_user, unsigned long address, struct pt_regs *regs,
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct pagefault_counts *c;
 
-	if (!bpf_map_lookup_elem(&watched, &tgid))
+	if (!is_watched(tgid))
 		return 0;
 	c = bpf_map_lookup_elem(&faults, &tgid);
 	if (!c) {

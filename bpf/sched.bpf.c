@@ -6,15 +6,9 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "sched.h"
+#include "watched.bpf.h"
 
 #define TASK_RUNNING 0
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);  /* tgid */
-	__type(value, __u8);
-} watched SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -48,11 +42,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 64 * 1024);
 } exits SEC(".maps");
-
-static __always_inline bool is_watched(__u32 tgid)
-{
-	return bpf_map_lookup_elem(&watched, &tgid) != NULL;
-}
 
 static __always_inline void mark_runnable(struct task_struct *p)
 {
