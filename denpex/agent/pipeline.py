@@ -116,11 +116,9 @@ class Pipeline:
         event.host = event.host or self.host
         if event.job is not None:
             return
-        pid = event.pid
+        pid = event.pid  # a kernel line's subject, set by its reader (attribute_kernel_line)
         if pid is None and captures and captures.get("pid", "").isdigit():
-            pid = int(
-                captures["pid"]
-            )  # "Killed process 4242 (python)": the subject, not the writer
+            pid = int(captures["pid"])  # a signature that captured the subject's pid
         registration = self.jobs.lookup(pid, event.attrs.get("cgroup"))
         if registration is not None:
             _apply(event, registration, pid)
@@ -137,7 +135,7 @@ class Pipeline:
             if not signature.accepts_source(event.source):
                 continue
             captures = signature.captures(bodies[match.line_index])
-            if event.job is None and captures.get("pid", "").isdigit():
+            if event.job is None:
                 self._attribute(event, captures)
             found.append(signature.evidence(event, captures))
         return found

@@ -13,11 +13,11 @@ import select
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -30,6 +30,7 @@ STABILITIES = ("stable", "experimental")
 DRAIN_WAIT_S = 5.0  # an FdWatch waits this long for a read before it polls the fd again
 
 Observation = Event | Evidence
+K = TypeVar("K", bound=Hashable)
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class Collector(ABC):
         self.roots = roots
         self._wake: Callable[[], None] | None = None
         self._fd_watch: FdWatch | None = None
+        self.edges = EdgeTrigger()  # what this collector already reported
         defaults = settings(self.settings_file, self.name) if self.settings_file else {}
         self.options: dict[str, Any] = {**defaults, **(options or {})}
 
@@ -130,6 +132,48 @@ class Collector(ABC):
     def close(self) -> None:
         """Release files, subprocesses or kernel objects; the collector is not polled again."""
         self.stop_watching()
+
+
+class EdgeTrigger:
+    """What a collector has already said, so a lasting condition (a threshold crossed, a
+    port down, a path missing) is reported once when it starts and again only after it
+    stopped. Keys are any hashable naming the condition and its subject: (path, "memory")."""
+
+    def __init__(self) -> None:
+        self._holding: set[Hashable] = set()
+
+    def rising(self, key: Hashable, condition: bool) -> bool:
+        """True once when `condition` starts holding for `key`; re-armed when it stops."""
+        if not condition:
+            self._holding.discard(key)
+            return False
+        if key in self._holding:
+            return False
+        self._holding.add(key)
+        return True
+
+    def first(self, key: Hashable) -> bool:
+        """True the first time `key` is seen (a note said once), until `clear(key)`."""
+        return self.rising(key, True)
+
+    def clear(self, key: Hashable) -> None:
+        self._holding.discard(key)
+
+    def holding(self, group: str, keys: Iterable[K]) -> set[K]:
+        """`keys` are every condition of `group` that holds now (the group's others have
+        stopped): those that did not hold at the last call, i.e. the ones to report."""
+        now = {(group, key) for key in keys}
+        new = now - self._holding
+        self._holding = {k for k in self._holding if _group_of(k) != group} | now
+        return {key for _, key in new}
+
+    def retain(self, keep: Callable[[Any], bool]) -> None:
+        """Forget conditions whose subject has gone (a process that exited)."""
+        self._holding = {k for k in self._holding if keep(k)}
+
+
+def _group_of(key: Hashable) -> Hashable:
+    return key[0] if isinstance(key, tuple) and key else None
 
 
 class FdWatch:

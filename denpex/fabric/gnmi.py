@@ -242,8 +242,6 @@ class GnmiCollector(FabricCollector):
         self._streams: list[TargetStream] = []
         self._started = False
         self._last_counters: dict[tuple[str, str, str], float] = {}
-        self._down: set[tuple[str, str]] = set()
-        self._erroring: set[tuple[str, str]] = set()
 
     def available(self) -> tuple[bool, str]:
         if importlib.util.find_spec("pygnmi") is None:
@@ -317,9 +315,8 @@ class GnmiCollector(FabricCollector):
                 )
                 fabric = any(fnmatch.fnmatchcase(interface, p) for p in patterns)
                 if value == "UP":
-                    self._down.discard(key)
-                elif value == "DOWN" and fabric and key not in self._down:
-                    self._down.add(key)
+                    self.edges.clear(("down", *key))
+                elif value == "DOWN" and fabric and self.edges.first(("down", *key)):
                     out.append(self._down_evidence(ctx, stream, interface))
                 continue
             assert isinstance(value, float)
@@ -332,10 +329,7 @@ class GnmiCollector(FabricCollector):
         for interface, delta in sorted(errors.items()):
             key = (stream.name, interface)
             watched = not patterns or any(fnmatch.fnmatchcase(interface, p) for p in patterns)
-            if delta < threshold or not watched:
-                self._erroring.discard(key)
-            elif key not in self._erroring:
-                self._erroring.add(key)
+            if self.edges.rising(("errors", *key), delta >= threshold and watched):
                 out.append(self._error_evidence(ctx, stream, interface, delta))
         return out
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, Evidence, metric
-from denpex.core.roots import Roots, read_text
+from denpex.core.roots import read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.pci_sysfs import (
     HOST_BRIDGE,
@@ -105,10 +105,6 @@ class GpuDirectCollector(FabricCollector):
     default_budget_s = 2.0
     metrics_help = HELP
 
-    def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(roots, options)
-        self._reported: set[tuple[str, str]] = set()
-
     def available(self) -> tuple[bool, str]:
         folder = self.roots.sys("bus", "pci", "devices")
         if not folder.is_dir():
@@ -159,9 +155,8 @@ class GpuDirectCollector(FabricCollector):
     def _new_only(self, found: list[Evidence]) -> list[Observation]:
         """Each condition is evidence once while it lasts; it re-arms when it clears."""
         keys = {(e.signature, e.captures["device"]): e for e in found}
-        fresh: list[Observation] = [e for key, e in keys.items() if key not in self._reported]
-        self._reported = set(keys)
-        return fresh
+        fresh = self.edges.holding("findings", keys)
+        return [e for key, e in keys.items() if key in fresh]
 
     def _metric(self, ctx: CollectContext, name: str, value: float, **labels: str) -> Event:
         return metric(name, value, source="pcie", labels=labels, host=ctx.host, ts_ns=ctx.now_ns)

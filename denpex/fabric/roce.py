@@ -141,7 +141,6 @@ class RoceCollector(FabricCollector):
         self.command: list[str] = shlex.split(command) if isinstance(command, str) else command
         self.tracker = CounterTracker()
         self.streaks: dict[tuple[str, str, str], int] = {}
-        self.reported: set[tuple[str, str, str]] = set()
         self.failures: dict[str, int] = {}
         self._blind: str | None = None
 
@@ -316,12 +315,11 @@ class RoceCollector(FabricCollector):
             return []  # first sample or a reset: neither a storm poll nor a calm one
         if not storm_level(frames, ratio, self.options):
             self.streaks[key] = 0
-            self.reported.discard(key)
+            self.edges.clear(key)
             return []
         self.streaks[key] = streak = self.streaks.get(key, 0) + 1
-        if streak < int(self.options["storm_polls"]) or key in self.reported:
+        if streak < int(self.options["storm_polls"]) or not self.edges.first(key):
             return []
-        self.reported.add(key)
         who = (
             "the switch is pausing this NIC"
             if direction == "rx"

@@ -140,7 +140,6 @@ class CgroupCollector(HostCollector):
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
         self._oom_kills: dict[str, int] = {}  # cgroup folder → oom_kill at the previous poll
-        self._raised: set[tuple[str, str]] = set()
 
     def available(self) -> tuple[bool, str]:
         base = self.roots.cgroup()
@@ -218,7 +217,7 @@ class CgroupCollector(HostCollector):
                 out.append(attribute(event, job))
         out += self._oom_kill_detector(ctx, job, path, s)
         ratio = float(self.options.get("memory_usage_ratio", 0.95))
-        if self._edge(path, "memory", memory_near_limit(s, ratio)):
+        if self.edges.rising((path, "memory"), memory_near_limit(s, ratio)):
             pct = (s.working_set or 0) / (s.limit or 1)
             captures = {
                 "working_set_bytes": str(s.working_set),
@@ -231,7 +230,7 @@ class CgroupCollector(HostCollector):
                 )
             )
         ratio = float(self.options.get("pids_ratio", 0.9))
-        if self._edge(path, "pids", pids_near_limit(s, ratio)):
+        if self.edges.rising((path, "pids"), pids_near_limit(s, ratio)):
             captures = {"pids": str(s.pids), "pids_max": str(s.pids_limit)}
             out.append(
                 self._evidence(ctx, job, path, "host.fd_exhausted.pids_near_limit", captures)
@@ -254,17 +253,6 @@ class CgroupCollector(HostCollector):
             "limit_bytes": str(s.limit) if s.limit is not None else "",
         }
         return [self._evidence(ctx, job, path, "host.oom_killed.cgroup_oom_kill", captures)]
-
-    def _edge(self, path: str, what: str, condition: bool) -> bool:
-        """True once when a condition starts holding; re-armed when it stops."""
-        key = (path, what)
-        if not condition:
-            self._raised.discard(key)
-            return False
-        if key in self._raised:
-            return False
-        self._raised.add(key)
-        return True
 
     def _evidence(
         self,

@@ -81,7 +81,6 @@ class DiskCollector(HostCollector):
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
         self._level: dict[str, str] = {}
-        self._missing: set[str] = set()
 
     def watched(self) -> dict[str, Path]:
         """Configured name → the path to stat; /dev paths go through the devfs root."""
@@ -108,8 +107,7 @@ class DiskCollector(HostCollector):
             try:
                 usage = usage_from_statvfs(os.statvfs(path))
             except OSError as exc:
-                if name not in self._missing:
-                    self._missing.add(name)
+                if self.edges.first(("missing", name)):
                     out.append(
                         Event(
                             body=f"disk path {name} cannot be checked ({exc.strerror}); "
@@ -122,7 +120,7 @@ class DiskCollector(HostCollector):
                         )
                     )
                 continue
-            self._missing.discard(name)
+            self.edges.clear(("missing", name))
             out += self._observe(ctx, name, usage)
         return out
 

@@ -25,6 +25,7 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.host.base import HostCollector
+from denpex.host.kmsg import attribute_kernel_line
 
 STATE_FILE = "journal.json"
 READ_CHUNK = 65536
@@ -78,7 +79,7 @@ def entry_event(entry: dict[str, Any], host: str) -> Event:
         attrs["level"] = priority
     if isinstance(entry.get("__CURSOR"), str):
         attrs["event_id"] = "journal:" + entry["__CURSOR"]
-    return Event(
+    event = Event(
         body=journal_message(entry.get("MESSAGE")) or "",
         ts_ns=realtime_us * 1000 if realtime_us is not None else None,
         host=host,
@@ -87,6 +88,7 @@ def entry_event(entry: dict[str, Any], host: str) -> Event:
         pid=_digits(entry.get("_PID")),
         attrs=attrs,
     )
+    return attribute_kernel_line(event) if kernel else event
 
 
 def journalctl_command(

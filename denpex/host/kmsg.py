@@ -46,6 +46,20 @@ def pid_in_message(message: str) -> int | None:
     return int(next(g for g in found.groups() if g is not None))
 
 
+def attribute_kernel_line(event: Event) -> Event:
+    """Name the process (and memory cgroup) a kernel message is about, the OOM victim or the
+    Xid's process rather than whoever wrote it; the agent maps them to a job, since the
+    subject has often been reaped before anyone reads the record. Every reader of kernel
+    lines (/dev/kmsg, the journal's kernel transport) calls this."""
+    pid = pid_in_message(event.body)
+    if pid is not None:
+        event.pid = pid
+    memcg = _MEMCG_IN_MESSAGE.search(event.body)
+    if memcg:
+        event.attrs["cgroup"] = memcg.group(1)
+    return event
+
+
 class KmsgCollector(HostCollector):
     name = "kmsg"
     stability = "stable"
@@ -188,8 +202,7 @@ class KmsgCollector(HostCollector):
                 kind="line",
                 attrs=attrs,
             )
-            self._attribute(event, record.message, ctx)
-            out.append(event)
+            out.append(attribute_kernel_line(event))
         lost = self.tracker.lost - lost_before
         if lost:
             out.append(
@@ -218,16 +231,6 @@ class KmsgCollector(HostCollector):
         elif self._wake is not None:
             self._wake()  # more than one poll's worth: the next poll comes now
         return out
-
-    def _attribute(self, event: Event, message: str, ctx: CollectContext) -> None:
-        """Name the process (and memory cgroup) a message is about; the agent maps them to a
-        job, since the subject has often been reaped before anyone reads the record."""
-        pid = pid_in_message(message)
-        if pid is not None:
-            event.pid = pid
-        memcg = _MEMCG_IN_MESSAGE.search(message)
-        if memcg:
-            event.attrs["cgroup"] = memcg.group(1)
 
     def close(self) -> None:
         self.stop_watching()

@@ -111,7 +111,6 @@ class PcieCollector(HostCollector):
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
         self._totals: dict[tuple[str, str], int] = {}
-        self._degraded: set[tuple[str, str]] = set()
 
     def available(self) -> tuple[bool, str]:
         folder = self.roots.sys("bus", "pci", "devices")
@@ -177,11 +176,7 @@ class PcieCollector(HostCollector):
                 ("speed", link.speed_degraded(), f"{link.speed} GT/s of {link.max_speed} GT/s")
             )
         for what, degraded, detail in checks:
-            key = (device, what)
-            if not degraded:
-                self._degraded.discard(key)
-            elif key not in self._degraded:
-                self._degraded.add(key)
+            if self.edges.rising((device, what), degraded):
                 out.append(self._link_evidence(ctx, device, kind, what, detail, link))
         return out
 

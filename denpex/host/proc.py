@@ -93,7 +93,6 @@ class ProcCollector(HostCollector):
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
         self._dstate_before: set[int] = set()
-        self._raised: set[tuple[str, str]] = set()
 
     def available(self) -> tuple[bool, str]:
         if not self.roots.proc("self", "status").exists():
@@ -114,7 +113,7 @@ class ProcCollector(HostCollector):
             out += self._observe(ctx, job, samples, dstate_now)
         self._dstate_before = dstate_now
         # forget per-process latches of processes that are gone
-        self._raised = {k for k in self._raised if k[1] == "zombies" or int(k[0]) in seen}
+        self.edges.retain(lambda key: key[1] == "zombies" or key[0] in seen)
         return out
 
     def _observe(
@@ -151,23 +150,23 @@ class ProcCollector(HostCollector):
             out.append(attribute(event, job))
         for s in samples:
             if s.state != "D":
-                self._raised.discard((str(s.pid), "dstate"))
+                self.edges.clear((s.pid, "dstate"))
                 continue
             dstate_now.add(s.pid)
-            if s.pid in self._dstate_before and self._edge(str(s.pid), "dstate", True):
+            if s.pid in self._dstate_before and self.edges.first((s.pid, "dstate")):
                 wchan = (read_text(ctx.roots.proc(s.pid, "wchan")) or "").strip() or "?"
                 captures = {"pid": str(s.pid), "name": s.name, "wchan": wchan}
                 out.append(
                     self._evidence(ctx, job, s.pid, "host.kernel_fault.process_dstate", captures)
                 )
         limit = int(self.options.get("zombie_max", 10))
-        if self._edge(labels["job"], "zombies", len(zombies) > limit):
+        if self.edges.rising((labels["job"], "zombies"), len(zombies) > limit):
             captures = {"count": str(len(zombies)), "threshold": str(limit)}
             out.append(self._evidence(ctx, job, job.pid, "host.fd_exhausted.zombies", captures))
         ratio = float(self.options.get("fd_ratio", 0.9))
         for s in samples:
             r = fd_ratio(s)
-            if self._edge(str(s.pid), "fds", r is not None and r >= ratio):
+            if self.edges.rising((s.pid, "fds"), r is not None and r >= ratio):
                 captures = {
                     "pid": str(s.pid),
                     "name": s.name,
@@ -180,16 +179,6 @@ class ProcCollector(HostCollector):
                     )
                 )
         return out
-
-    def _edge(self, key: str, what: str, condition: bool) -> bool:
-        """True once when a condition starts holding; re-armed when it stops."""
-        if not condition:
-            self._raised.discard((key, what))
-            return False
-        if (key, what) in self._raised:
-            return False
-        self._raised.add((key, what))
-        return True
 
     def _evidence(
         self,

@@ -13,13 +13,11 @@ pressure starve a rank's threads and make that rank slow: `train.straggler`, war
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
-from denpex.core.roots import Roots, read_text
+from denpex.core.roots import read_text
 from denpex.core.wire import Registration
 from denpex.host.base import HostCollector
 from denpex.host.procfs import attribute, job_cgroup
@@ -84,11 +82,6 @@ class PsiCollector(HostCollector):
     default_budget_s = 1.0
     metrics_help = _help()
 
-    def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
-        super().__init__(roots, options)
-        self._raised: set[tuple[str, str]] = set()  # (scope, resource) above threshold now
-        self._v1_noted: set[str] = set()
-
     def available(self) -> tuple[bool, str]:
         if not self.roots.proc("pressure").is_dir():
             return False, (
@@ -125,9 +118,7 @@ class PsiCollector(HostCollector):
         out: list[Observation] = []
         texts = {r: read_text(folder / f"{r}.pressure") for r in RESOURCES} if folder else {}
         if not any(texts.values()):
-            key = f"{job.pid}:{path}"
-            if key not in self._v1_noted:
-                self._v1_noted.add(key)
+            if self.edges.first(("no_psi", job.pid, path)):
                 event = Event(
                     body=f"no per-cgroup PSI for job {job.job or job.pid}: its cgroup has no "
                     "pressure files (cgroup v1 or PSI off); system-wide values only",
@@ -172,13 +163,12 @@ class PsiCollector(HostCollector):
         kind, option, detector_id = DETECTORS[resource]
         watched = lines.get(kind)
         threshold = float(self.options.get(option, 1.0))
-        key = (scope, resource)
-        if watched is None or watched.avg10 < threshold:
-            self._raised.discard(key)
+        # reported once, re-armed once it falls below the threshold
+        if not self.edges.rising(
+            (scope, resource), watched is not None and watched.avg10 >= threshold
+        ):
             return out
-        if key in self._raised:
-            return out  # already reported; re-armed once it falls below the threshold
-        self._raised.add(key)
+        assert watched is not None
         where = "host" if job is None else f"cgroup {scope}"
         evidence = poll_finding(
             ctx,

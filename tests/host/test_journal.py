@@ -101,6 +101,17 @@ def test_entry_event_fields():
     assert event.attrs["hostname"] == "node9" and event.pid is None
 
 
+def test_kernel_lines_from_the_journal_name_their_subject_like_kmsg():
+    """The OOM victim, not the writer: the same attribution as the /dev/kmsg reader."""
+    message = (
+        "oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/slurm/job_7,task=python,pid=4242,uid=0"
+    )
+    kernel = entry_event({"_TRANSPORT": "kernel", "MESSAGE": message}, "n")
+    assert kernel.pid == 4242 and kernel.attrs["cgroup"] == "/slurm/job_7"
+    unit = entry_event({"_TRANSPORT": "stdout", "_PID": "77", "MESSAGE": message}, "n")
+    assert unit.pid == 77 and "cgroup" not in unit.attrs  # a unit's line is its writer's
+
+
 def test_command_line_filters_and_start():
     command = journalctl_command(
         "journalctl", file="x.journal", units=("a.service",), identifiers=("kernel", "slurmd")

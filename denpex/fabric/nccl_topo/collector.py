@@ -76,7 +76,6 @@ class NcclTopoCollector(FabricCollector):
         super().__init__(roots, options)
         self._parsed: dict[str, tuple[tuple[float, int], Topology | None]] = {}
         self._golden: tuple[tuple[float, int], Topology] | None = None
-        self._reported: set[tuple[str, str, str]] = set()
 
     def _patterns(self) -> list[str]:
         value = self.options.get("dump_files") or []
@@ -158,8 +157,8 @@ class NcclTopoCollector(FabricCollector):
                 key = (path, difference.kind, difference.device)
                 found[key] = self._evidence(ctx, path, difference)
         # each difference is evidence once while it lasts (a dump is read every poll)
-        out += [e for key, e in found.items() if key not in self._reported]
-        self._reported = set(found)
+        fresh = self.edges.holding("differences", found)
+        out += [e for key, e in found.items() if key in fresh]
         return out
 
     def _evidence(self, ctx: CollectContext, path: str, difference: Difference) -> Evidence:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 # Per-link NVLink bandwidth NCCL assumes, GB/s, by GPU generation (src/graph/topo.h)
 NVLINK_GB_S_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
-NVSWITCH_CLASS = "0x068000"
 MAX_XML_BYTES = 16 << 20
 PCI_ATTRS = (
     "busid",

@@ -47,7 +47,6 @@ DCGM_GROUP_DEFAULT, DCGM_GROUP_EMPTY = 0, 1
 _DIAG_RAN_CODES = {0, -30, -51}  # OK, NVVS_ERROR, NVVS_ISOLATE_ERROR
 
 _u = ctypes.c_uint
-_ptr = ctypes.c_void_p
 _handle = ctypes.c_void_p  # dcgmHandle_t, dcgmGpuGrp_t, dcgmFieldGrp_t are uintptr_t
 _SIGNATURES: dict[str, list[object]] = {
     "dcgmInit": [],
@@ -98,11 +97,6 @@ class DcgmError(RuntimeError):
         self.call, self.code = call, code
         self.name, reason = RETURN_CODES.get(code, (f"DCGM_ST_{code}", "unknown return code"))
         super().__init__(f"{call} failed: {self.name} ({reason})")
-
-
-def error_name(code: int) -> str:
-    """DCGM_ST_... for a return code (DCGM_ST_<n> when this binding does not know it)."""
-    return RETURN_CODES.get(code, (f"DCGM_ST_{code}", ""))[0]
 
 
 def load_library(path: str | None = None) -> ctypes.CDLL:

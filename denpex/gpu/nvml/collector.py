@@ -59,7 +59,6 @@ class NvmlCollector(GpuCollector):
         self._readers: dict[int, GpuReader] = {}
         self._callers: dict[int, BoundedCaller] = {}
         self._samples: dict[int, GpuSample] = {}
-        self._active: dict[int, set[str]] = {}
         self._gone: dict[int, str] = {}
         self._hangs: dict[int, str] = {}
         self._watcher: EventWatcher | None = None
@@ -166,9 +165,7 @@ class NvmlCollector(GpuCollector):
         out = []
         if self._hangs.pop(index, None) or self._gone.pop(index, None):
             out.append(self._note(ctx, index, f"GPU {index} answers NVML again"))
-        findings = detect(
-            self._samples.get(index), sample, self.options, self._active.setdefault(index, set())
-        )
+        findings = detect(self._samples.get(index), sample, self.options, self.edges)
         self._samples[index] = sample
         reasons = {k: int(v) for k, v in (self.options.get("clock_event_reasons") or {}).items()}
         out += sample_metrics(sample, ctx.host, ctx.now_ns, reasons)

@@ -2,7 +2,7 @@
 row remapping, thermal slowdown, PCIe link and replays, NVLink links and errors, fabric.
 
 Pure: compares values and returns findings; never calls NVML, never emits the same
-condition twice while it lasts (the caller keeps `active` between polls).
+condition twice while it lasts (the caller keeps the EdgeTrigger between polls).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from denpex.core.collector import EdgeTrigger
 from denpex.gpu.nvml.query import GpuSample
 
 
@@ -35,15 +36,14 @@ def detect(
     before: GpuSample | None,
     now: GpuSample,
     options: Mapping[str, Any],
-    active: set[str],
+    edges: EdgeTrigger,
 ) -> list[Finding]:
-    """Findings for `now`; `active` holds conditions already reported (updated in place) so a
-    lasting condition is one finding, and it is reported again only after it cleared."""
+    """Findings for `now`; `edges` remembers the conditions already reported, so a lasting
+    condition is one finding, and it is reported again only after it cleared."""
     v = now.values
     conditions: dict[str, Finding | None] = {}
 
     dbe = _grew(before, now, "ecc_dbe_vol")
-    conditions["dbe"] = None
     if dbe > 0:
         conditions[f"dbe@{v['ecc_dbe_vol']:.0f}"] = Finding(
             "gpu.ecc_uncorrectable.nvml_dbe_volatile",
@@ -101,7 +101,6 @@ def detect(
             "gpu.nvlink.nvml_fabric_registration",
             {"fabric_status": f"{v['fabric_status']:.0f}"},
         )
-    found = [f for key, f in conditions.items() if f is not None and key not in active]
-    active.intersection_update(k for k, f in conditions.items() if f is not None)
-    active.update(k for k, f in conditions.items() if f is not None)
-    return found
+    holding = {key: f for key, f in conditions.items() if f is not None}
+    fresh = edges.holding(f"gpu{now.index}", holding)
+    return [f for key, f in holding.items() if key in fresh]

@@ -84,7 +84,6 @@ class EbpfCollector(HostCollector):
         self._recent: dict[int, Registration] = {}  # tgids watched lately (exits, OOM)
         self._tcp_prev: dict[bytes, int] = {}
         self._libraries: dict[tuple[int, int], str] = {}  # (dev, ino) -> path or error
-        self._hangs_reported: set[tuple[int, int]] = set()
         self._exits: list[layouts.ProcessExit] = []  # filled by ring-buffer callbacks
         self._ooms: list[layouts.OomVictim] = []
 
@@ -384,9 +383,8 @@ class EbpfCollector(HostCollector):
             )  # fmt: skip
             out.append(event)
             if oldest_call and age >= hang_s:
-                if (tgid, oldest_call.start_ns) in self._hangs_reported:
+                if not self.edges.first(("hang", tgid, oldest_call.start_ns)):
                     continue
-                self._hangs_reported.add((tgid, oldest_call.start_ns))
                 out.append(hang_evidence(event, tgid, fn, age, hang_s))
         return out
 

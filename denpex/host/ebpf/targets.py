@@ -30,13 +30,6 @@ def missing_privileges(status_text: str | None, euid: int) -> str | None:
     return "needs root or CAP_BPF+CAP_PERFMON (no CapEff in /proc/self/status)"
 
 
-def parent_of(stat_text: str) -> int | None:
-    """The ppid field of /proc/<pid>/stat (the comm may contain spaces and parentheses)."""
-    _, _, rest = stat_text.rpartition(")")
-    fields = rest.split()
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
-
-
 def descendants(roots: Roots, pids: Iterable[int]) -> dict[int, int]:
     """Every live process under the given pids: {pid: the registered ancestor}."""
     found: dict[int, int] = {}
