@@ -10,18 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from denpex.agent.config import load_config
 from denpex.agent.daemon import Agent
-from denpex.agent.registry import COLLECTORS
 from denpex.fabric.ib.collector import IbCollector
 
 FIXTURES = Path(__file__).parent / "fixtures"
-REGISTERED = any(cls.name == "ib" for cls in COLLECTORS)
-needs_registry = pytest.mark.skipif(
-    not REGISTERED, reason='"ib" is not yet in denpex.agent.registry.COLLECTORS'
-)
 
 
 def denpex(*args: str) -> subprocess.CompletedProcess:
@@ -51,7 +44,6 @@ def test_agent_pipeline_carries_ib_evidence(tmp_path: Path) -> None:
     assert any(e.body == "ib_port_state" and e.attrs["device"] == "mlx5_1" for e in events)
 
 
-@needs_registry
 def test_once_json_reports_the_down_port_with_host_and_port() -> None:
     data = once(FIXTURES / "ib_flap" / "sys")
     (down,) = [e for e in data["evidence"] if e["signature"] == "net.link_down.ib_port_down"]
@@ -60,7 +52,6 @@ def test_once_json_reports_the_down_port_with_host_and_port() -> None:
     assert down["action"] == "check_fabric"
 
 
-@needs_registry
 def test_a_second_once_run_with_a_state_dir_sees_a_flap(tmp_path: Path) -> None:
     tree = tmp_path / "ib_node"
     shutil.copytree(FIXTURES / "ib_node", tree)
