@@ -49,6 +49,7 @@ class RunHostWatch:
     the memory cgroup the job will inherit from denpex."""
 
     def __init__(self, roots: Roots | None = None, *, host: str = "") -> None:
+        self.started_ns = time.time_ns()  # before the job: where the agent's evidence starts
         self.roots = roots or Roots()
         self.host = host
         self.notes: list[str] = []

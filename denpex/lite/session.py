@@ -64,7 +64,9 @@ class LiteSession:
         if host_watch is not None or child_pid:
             self.job = JobWatch(self.scanner, host_watch, child_pid)
         self.agent: AgentLink | None = None
-        self.agent_since_ns = time.time_ns()
+        # the analyzer builds its session after loading the catalog, often after a short job
+        # has died: what the agent saw counts from the job's start, not from here
+        self.agent_since_ns = host_watch.started_ns if host_watch else time.time_ns()
         self.sdk = sdk  # the job's SDK socket (`denpex run`), read on every tick
         self.inputs = InputNotes()
         self._tails: dict[str, LongLineTails] = {}
