@@ -10,13 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-
-try:  # Python ≥ 3.11
-    from re import _constants as sre_c  # type: ignore[attr-defined]
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older Pythons
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+from re import _constants as sre_c  # type: ignore[attr-defined]  # Python ≥ 3.11
+from re import _parser as sre_parse  # type: ignore[attr-defined]
 
 IGNORECASE_PREFIX = "(?i)"
 _NEWLINE = ord("\n")

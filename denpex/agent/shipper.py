@@ -45,7 +45,8 @@ class EvidenceSpool(Protocol):
 
 
 def backoff_delay(failures: int, *, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Exponential backoff with full jitter: uniform in [base/2, min(max, base * 2**n)]."""
+    """Exponential backoff with jitter above a floor: uniform in [base/2, min(max, base * 2**n)]
+    (not "full jitter", whose floor is 0: half the base keeps a retry from coming at once)."""
     ceiling = min(max_s, base_s * (2 ** min(failures, 30)))
     return rng.uniform(min(base_s / 2, ceiling), ceiling)
 
