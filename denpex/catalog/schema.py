@@ -111,14 +111,7 @@ def validate_entry(
 
     if not isinstance(data, dict):
         return None, [(line, "an entry must be a mapping")]
-    for key in REQUIRED_KEYS:
-        if key not in data:
-            err(None, f"missing required key '{key}'")
-    for key in data:
-        if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS:
-            err(key, f"unknown key '{key}'")
-
-    common_problems(data, err, taxonomy)
+    common_problems(data, err, taxonomy, REQUIRED_KEYS, OPTIONAL_KEYS)
     sig_id, category = data.get("id"), data.get("category")
     sources = data.get("sources", [])
     if str_list(sources) is None or any(s not in SOURCES for s in sources):

@@ -88,13 +88,7 @@ def parse_detectors(text: str, name: str, taxonomy: Taxonomy) -> tuple[list[Dete
         if not isinstance(data, dict):
             errors.append(f"{name}:{entry.line}: an entry must be a mapping")
             continue
-        for key in REQUIRED_KEYS:
-            if key not in data:
-                err(None, f"missing required key '{key}'")
-        for key in data:
-            if key not in REQUIRED_KEYS and key not in OPTIONAL_KEYS:
-                err(key, f"unknown key '{key}'")
-        common_problems(data, err, taxonomy)
+        common_problems(data, err, taxonomy, REQUIRED_KEYS, OPTIONAL_KEYS)
         summary = data.get("summary")
         if isinstance(summary, str) and any(not f.isidentifier() for f in template_fields(summary)):
             err("summary", "summary fields must be names: {gpu}, {count:.0f}")

@@ -72,11 +72,21 @@ def str_list(value: Any) -> list[str] | None:
 
 
 def common_problems(
-    data: Mapping[str, Any], err: Callable[[str | None, str], None], taxonomy: Taxonomy
+    data: Mapping[str, Any],
+    err: Callable[[str | None, str], None],
+    taxonomy: Taxonomy,
+    required: tuple[str, ...],
+    optional: tuple[str, ...],
 ) -> None:
-    """Report through `err(key, message)` what is wrong with the keys every catalog entry
-    has: a dotted id that starts with its category, a taxonomy category, a severity, an
-    action, non-empty summary and explain texts, a non-empty list of refs."""
+    """Report through `err(key, message)` missing and unknown keys, and what is wrong with
+    the keys every catalog entry has: a dotted id that starts with its category, a taxonomy
+    category, a severity, an action, non-empty summary and explain texts, refs."""
+    for key in required:
+        if key not in data:
+            err(None, f"missing required key '{key}'")
+    for key in data:
+        if key not in required and key not in optional:
+            err(key, f"unknown key '{key}'")
     entry_id = data.get("id")
     category = data.get("category")
     if not isinstance(entry_id, str) or not ID_RE.match(entry_id):
