@@ -21,7 +21,6 @@ from denpex.diagnosis.context import (
     is_host_context,
     part_of_root_traceback,
 )
-from denpex.diagnosis.hangs import explanation as hang_explanation
 from denpex.diagnosis.rules import RULES, integrity_on_success
 from denpex.diagnosis.summary import Story, action_reason, coverage_note, summarize
 from denpex.diagnosis.timeline import before, line_key, ordered, pick_timeline, seconds_between
@@ -306,7 +305,7 @@ def _cause(
         ]
     )
     attribution = root.event.attrs.get("attribution")
-    explanation = data.explanations.get(root.signature) or hang_explanation(cfg, root.signature)
+    explanation = data.explanations.get(root.signature)
     return RootCause(
         category=root.category,
         signature=root.signature,

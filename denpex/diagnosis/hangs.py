@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence, severity_rank
-from denpex.diagnosis.config import RulesConfig
 from denpex.diagnosis.context import Finding, RuleContext
 from denpex.diagnosis.timeline import before, earliest
 
@@ -22,12 +22,11 @@ from denpex.diagnosis.timeline import before, earliest
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(\d{1,6})\b")
 
 
-def explanation(config: RulesConfig, signature: str) -> str | None:
-    """The explanation of a derived hang signature (rules.yaml `collective_timeout.derived`)."""
-    for kind in config["collective_timeout"]["derived"].values():
-        if kind["id"] == signature:
-            return str(kind["explain"])
-    return None
+# the detectors (core/detectors.yaml) of the two proofs
+_DETECTORS = {
+    "lagging": "train.hang.lagging_collective",
+    "absent": "train.hang.absent_from_collective",
+}
 
 
 @dataclass(slots=True)
@@ -120,16 +119,9 @@ def _derived(
         },
         seq=first.event.seq - 1,  # before the first timeout when no clock orders them
     )
-    derived = ctx.config["collective_timeout"]["derived"][kind]
-    return Evidence(
-        id=f"e{max(ids, default=0) + 1}",
-        event=event,
-        signature=derived["id"],
-        category="train.hang",
-        severity="error",
-        summary=body,
-        action=derived["action"],
-    )
+    found = detector_evidence(event, _DETECTORS[kind], values={"what": body})
+    found.id = f"e{max(ids, default=0) + 1}"
+    return found
 
 
 def _crashed(ctx: RuleContext, rank: int, first_timeout: Evidence) -> bool:

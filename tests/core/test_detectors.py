@@ -24,7 +24,15 @@ from denpex.gpu.nvml.xid import default_table
 
 REPO = Path(__file__).resolve().parents[2]
 # where detector evidence is built: the collectors, the agent, the wrapper, the SDK
-EMITTERS = ("denpex/host", "denpex/gpu", "denpex/fabric", "denpex/agent", "denpex/lite", "sdk")
+EMITTERS = (
+    "denpex/host",
+    "denpex/gpu",
+    "denpex/fabric",
+    "denpex/agent",
+    "denpex/lite",
+    "denpex/diagnosis",
+    "sdk",
+)
 # calls whose argument at this position (or keyword) is a detector id
 CONSTRUCTORS = {"detector_evidence": 1, "poll_finding": 2, "finding": 1, "Finding": 0}
 
