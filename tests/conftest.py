@@ -45,3 +45,23 @@ def validate_diagnosis(diagnosis_schema):
         validator.validate(data)
 
     return validate
+
+
+@pytest.fixture(params=["native", "reference"])
+def both_backends(request, monkeypatch):
+    """Runs a test on the compiled modules and again on their pure-Python twins (ids
+    `[native]` / `[reference]`, as aiohttp's c-parser / py-parser), so one pytest run checks
+    both; subprocesses inherit the choice through DENPEX_NO_EXTENSIONS. Use it with
+    `pytestmark = pytest.mark.usefixtures("both_backends")` in modules whose code reaches a
+    native module (the matcher, the line splitter, the ring buffer, the checksums)."""
+    import denpex._native as native
+
+    if request.param == "reference":
+        monkeypatch.setenv("DENPEX_NO_EXTENSIONS", "1")
+    elif native.extensions_disabled():
+        pytest.skip("DENPEX_NO_EXTENSIONS=1 is set for the whole run: only the twins are in use")
+    else:
+        missing = [n for n in native.NATIVE_MODULES if native.backend(n) != "native"]
+        if missing:  # tests/native/test_backend.py fails when a built module does not load
+            pytest.skip(f"compiled modules not built: {', '.join(missing)}")
+    return request.param

@@ -12,6 +12,9 @@ import pytest
 
 from denpex.catalog import load_catalog
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 HEALTHY = sorted((Path(__file__).parent / "corpus" / "healthy").glob("*.log"))
 
 

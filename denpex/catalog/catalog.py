@@ -82,10 +82,12 @@ def load_catalog(paths: Iterable[str] | None = None, *, local: Iterable[str] = (
     whose entries override shipped ones by id."""
     local = list(local)
     if paths is None and not local:
-        return _builtin_catalog()
+        return _builtin_catalog(native.backend("matcher"))
     return Catalog(load_signatures(paths, local=local))
 
 
 @cache
-def _builtin_catalog() -> Catalog:
+def _builtin_catalog(backend: str) -> Catalog:
+    # one per matcher backend: DENPEX_NO_EXTENSIONS may change between calls (the tests run
+    # both backends in one process)
     return Catalog(load_signatures())

@@ -14,6 +14,9 @@ from denpex.core.events import Event, metric
 from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 XID = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."
 OOM = (
     "Out of memory: Killed process 4242 (python) total-vm:1234kB, anon-rss:5678kB, "

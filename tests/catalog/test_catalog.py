@@ -11,6 +11,9 @@ import pytest
 from denpex.catalog import Catalog, CatalogError, load_catalog, load_signatures
 from denpex.core import load_taxonomy
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 GOOD = """\
 - id: gpu.fallen_off_bus.test_xid79
   category: gpu.fallen_off_bus

@@ -9,6 +9,9 @@ import pytest
 
 from denpex.catalog import load_catalog
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 FAILURES = [
     # (line, category, captures that must be present)
     (

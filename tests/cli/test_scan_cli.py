@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 OOM_RANK3 = """\
 [rank0]:2026-11-30 04:50:00,100 - train - INFO - step 100 | loss 2.31
 [rank3]:Traceback (most recent call last):

@@ -25,6 +25,9 @@ from denpex.host.journal import (
     parse_entry,
 )
 
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 FIXTURES = Path(__file__).parent / "fixtures" / "journal"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 needs_journal_tools = pytest.mark.skipif(

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from denpex.catalog import load_catalog
 from denpex.core.events import Evidence
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.report_text import render_text
 from denpex.lite.scanner import Scanner
+
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
 
 ENOSPC = b"[rank0]:OSError: [Errno 28] No space left on device: '/ckpt/step_1200/model.pt'\n"
 OTHER_CGROUP_OOM = (

@@ -7,10 +7,14 @@ import os
 import threading
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from denpex.lite.scan_input import LongLineTails, follow, looks_binary
+
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
 
 
 def test_binary_sniffing():

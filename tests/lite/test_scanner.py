@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from denpex.catalog import load_catalog
 from denpex.lite.scanner import LINE_CAP, Scanner, pci_bus_id
+
+# the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("both_backends")
 
 OOM = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0"
 

@@ -41,3 +41,11 @@ def test_disabled_extensions_load_the_reference(monkeypatch):
     monkeypatch.setenv("DENPEX_NO_EXTENSIONS", "1")
     for name in native.NATIVE_MODULES:
         assert native.load(name).__name__ == f"denpex._native.{name}_ref"
+
+
+def test_the_both_backends_fixture_switches_what_load_returns(both_backends):
+    from denpex.catalog import load_catalog
+
+    for name in native.NATIVE_MODULES:
+        assert native.backend(name) == both_backends
+    assert load_catalog().backend == both_backends
