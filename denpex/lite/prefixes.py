@@ -105,14 +105,30 @@ def _tz(offset: bytes | None):
     return datetime.strptime(text, "%z").tzinfo
 
 
+def _utc_ns(
+    year: int,
+    month: int,
+    day: int,
+    hh: int,
+    mm: int,
+    ss: int,
+    frac: bytes | None = None,
+    offset: bytes | None = None,
+) -> int | None:
+    """UTC ns of a stated time, or None when the fields name no real instant (Feb 29 of a
+    common year, day 32, hour 24, a bad offset): the line is still a line, only untimed. A
+    leap second (:60) counts as the last second of its minute."""
+    try:
+        dt = datetime(year, month, day, hh, mm, 59 if ss == 60 else ss, tzinfo=_tz(offset))
+        return _to_ns(dt, frac)
+    except (ValueError, OverflowError):
+        return None
+
+
 def _iso_groups_to_ns(groups) -> int | None:
     """UTC ns from the groups of `_ISO` (year … seconds, fraction, offset); None if invalid."""
     yy, mon, day, hh, mm, ss, frac, offset = groups
-    try:
-        dt = datetime(int(yy), int(mon), int(day), int(hh), int(mm), int(ss), tzinfo=_tz(offset))
-    except ValueError:
-        return None
-    return _to_ns(dt, frac)
+    return _utc_ns(int(yy), int(mon), int(day), int(hh), int(mm), int(ss), frac, offset)
 
 
 def _year_now() -> int:
@@ -157,24 +173,16 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         found = _DMESG_T.match(body)
         if found and found.group(1) in (m.encode() for m in _MONTHS):
             mon, day, hh, mm, ss, yy = found.groups()
-            dt = datetime(
-                int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
-            )
-            out.ts_ns, out.source, out.body = _to_ns(dt), "kmsg", body[found.end() :]
+            out.ts_ns = _utc_ns(int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss))
+            out.source, out.body = "kmsg", body[found.end() :]
             return True
         found = _SYSLOG.match(body)
         if found and found.group(1).decode() in _MONTHS:
             mon, day, hh, mm, ss, host, tag, pid = found.groups()
-            dt = datetime(
-                year or _year_now(),
-                _MONTHS[mon.decode()],
-                int(day),
-                int(hh),
-                int(mm),
-                int(ss),
-                tzinfo=UTC,
+            out.ts_ns = _utc_ns(
+                year or _year_now(), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss)
             )
-            out.ts_ns, out.host = _to_ns(dt), host.decode()
+            out.host = host.decode()
             out.source = "kmsg" if tag == b"kernel" else "syslog"
             if pid:
                 out.pid = int(pid)
@@ -188,18 +196,15 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
     if out.ts_ns is None:
         found = _TSL_LOG.match(body)
         if found:
-            ts_ns = _iso_groups_to_ns((*found.groups()[:7], None))
-            if ts_ns is None:
-                return False
-            out.ts_ns, out.body = ts_ns, body[found.end() :]
+            # an impossible date leaves the line untimed, its prefix still stripped
+            out.ts_ns = _iso_groups_to_ns((*found.groups()[:7], None))
+            out.body = body[found.end() :]
             out.attrs["log_level"] = found.group(8).decode()
             return True
         found = _ISO.match(body)
         if found:
-            ts_ns = _iso_groups_to_ns(found.groups())
-            if ts_ns is None:
-                return False
-            out.ts_ns, out.body = ts_ns, body[found.end() :]
+            out.ts_ns = _iso_groups_to_ns(found.groups())
+            out.body = body[found.end() :]
             if out.body.startswith(b"- "):  # Python logging's "%(asctime)s - %(name)s - …"
                 out.body = out.body[2:]
             tail = _ISO_SYSLOG_TAIL.match(out.body) if out.source == "log" else None
@@ -218,13 +223,7 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         level, monthday, hh, mm, ss, frac = found.groups()
         month, day = divmod(int(monthday), 100)
         if out.ts_ns is None:
-            try:
-                dt = datetime(
-                    year or _year_now(), month, day, int(hh), int(mm), int(ss), tzinfo=UTC
-                )
-            except ValueError:
-                return False
-            out.ts_ns = _to_ns(dt, frac)
+            out.ts_ns = _utc_ns(year or _year_now(), month, day, int(hh), int(mm), int(ss), frac)
         out.body = body[found.end() :]
         out.attrs["log_level"] = level.decode()
         return True
@@ -242,10 +241,9 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
         if found:
             mon, day, hh, mm, ss, yy, rank = found.groups()
             if yy and out.ts_ns is None and mon.decode() in _MONTHS:
-                dt = datetime(
-                    int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss), tzinfo=UTC
+                out.ts_ns = _utc_ns(
+                    int(yy), _MONTHS[mon.decode()], int(day), int(hh), int(mm), int(ss)
                 )
-                out.ts_ns = _to_ns(dt)
             out.rank, out.body = int(rank), body[found.end() :]
             return True
     if out.host is None:

@@ -226,3 +226,20 @@ def test_an_error_at_the_end_of_a_ten_megabyte_line_is_found(tmp_path, validate_
     assert result.returncode == 1 and data["root_cause"]["category"] == "cuda.oom"
     assert data["stats"]["long_lines"] == 1
     assert any("longer than 64 KiB" in note for note in data["notes"]), data["notes"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"Feb 29 12:00:00 node1 kernel: x\n",  # a common year (no year: syslog takes today's)
+        b"[Thu Feb 29 12:00:00 2027] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, GPU has fallen\n",
+        b"2026-11-30T23:59:60Z slurmstepd: error: *** STEP 1.0 ON node1 CANCELLED ***\n",
+        b"Nov 32 25:61:00 node1 kernel: Out of memory: Killed process 4242 (python)\n",
+    ],
+)
+def test_an_impossible_timestamp_costs_no_diagnosis(line, validate_diagnosis):
+    """A line whose time names no real instant is still a line: scanned, diagnosed, untimed."""
+    result = denpex("scan", "--json", "-q", stdin=line)
+    assert result.returncode in (0, 1), result.stderr.decode()
+    assert b"Traceback" not in result.stderr
+    validate_diagnosis(json.loads(result.stdout))

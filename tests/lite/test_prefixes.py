@@ -168,6 +168,61 @@ def test_any_bytes_parse_without_error(line):
     assert len(parsed.body) <= len(line) + 64  # journald JSON may re-encode, never explode
 
 
+_MONTH_NAMES = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+_month = st.sampled_from([*_MONTH_NAMES, "Foo"])
+_two = st.integers(0, 99).map(lambda n: f"{n:02d}")
+_year = st.integers(0, 9999).map(lambda n: f"{n:04d}")
+_frac = st.integers(0, 999_999_999).map(str)
+_clock = st.tuples(_two, _two, _two).map(":".join)
+_day = st.integers(0, 99).map(str)
+_rest = st.binary(max_size=40).map(lambda b: b.replace(b"\n", b""))
+# one near-valid line per prefix parser: the right shape, any field value (day 32, hour 24,
+# second 60, Feb 29 of a common year, month 13, offset +99:99), then more prefixes or bytes
+_NEAR_VALID = st.one_of(
+    st.builds(lambda m, d, c, y: f"[{m} {d} {c} {y}] ", _month, _day, _clock, _year),  # dmesg -T
+    st.builds(lambda m, d, c: f"{m} {d} {c} node1 kernel: ", _month, _day, _clock),  # syslog
+    st.builds(
+        lambda y, a, b, c, f: f"{y}-{a}-{b}T{c}.{f}+99:99 ", _year, _two, _two, _clock, _frac
+    ),
+    st.builds(lambda y, a, b, c: f"{y}-{a}-{b} {c}Z node1 slurmd[12]: ", _year, _two, _two, _clock),
+    st.builds(
+        lambda y, a, b, c, f: f"{y}-{a}-{b} {c}.{f}: E x.cc:1] ", _year, _two, _two, _clock, _frac
+    ),
+    st.builds(
+        lambda md, c, f: f"E{md} {c}.{f} 4242 api.py:869] ", st.integers(0, 9999), _clock, _frac
+    ),
+    st.builds(lambda m, d, c, y: f"Fri {m} {d} {c} {y}[3]<stderr>:", _month, _day, _clock, _year),
+    st.builds(lambda n: f"{n},1,2,-;", st.integers(0, 10**6)),  # /dev/kmsg record
+    st.just('{"MESSAGE": [256, -1, "x"], "__REALTIME_TIMESTAMP": "9"}'),  # journald JSON
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_NEAR_VALID, min_size=1, max_size=3), _rest, st.integers(1, 9999) | st.none())
+def test_near_valid_timestamps_never_raise(prefixes, rest, year):
+    """Every prefix parser, fed its own shape with impossible values: a line that cannot be
+    timed is still a line (no exception; a time, when given, is a real one)."""
+    line = "".join(prefixes).encode() + rest
+    parsed = parse_line(line, year)
+    assert isinstance(parsed.body, bytes)
+    if parsed.ts_ns is not None:
+        format_ts(parsed.ts_ns)
+
+
+def test_impossible_dates_keep_the_line_untimed():
+    parsed = parse_line(b"Feb 29 12:00:00 node1 kernel: Out of memory", 2027)
+    assert (parsed.source, parsed.host, parsed.ts_ns, parsed.body) == (
+        "kmsg",
+        "node1",
+        None,
+        b"Out of memory",
+    )
+    assert parse_line(b"Feb 29 12:00:00 node1 kernel: x", 2028).ts_ns is not None
+    leap = parse_line(b"2026-12-31T23:59:60Z done")
+    assert format_ts(leap.ts_ns).startswith("2026-12-31T23:59:59")
+    assert parse_line(b"[Mon Nov 32 04:56:09 2026] NVRM: Xid").body == b"NVRM: Xid"
+
+
 @pytest.mark.parametrize(
     "path,expected",
     [
