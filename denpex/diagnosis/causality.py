@@ -1,8 +1,10 @@
-"""Causal chains of one diagnosis: the deeper cause of a root (rule cause_explains_effect),
-what a cause accounts for, and the independent failures it does not (further findings).
+"""Causal chains of one diagnosis: the root named more exactly (its own line read another
+way, the traceback frame it was raised in), the deeper cause of a root (rule
+cause_explains_effect), what a cause accounts for, and the independent failures it does not
+(further findings).
 
-Every edge comes from rules.yaml `explains`; a failure is never merged into a cause that
-cannot explain it. Pure functions over a RuleContext; no I/O.
+Every edge comes from rules.yaml `explains` and `refines`; a failure is never merged into a
+cause that cannot explain it. Pure functions over a RuleContext; no I/O.
 """
 
 from __future__ import annotations
@@ -17,9 +19,64 @@ from denpex.diagnosis.context import (
     same_line,
     strongest_earliest,
 )
-from denpex.diagnosis.timeline import before, earliest
+from denpex.diagnosis.timeline import before, earliest, line_key
 
 Rule = Callable[[RuleContext], Finding | None]
+
+
+def _innermost_frame(ctx: RuleContext, root: Evidence) -> Evidence | None:
+    """The frame signature nearest above `root` in its own traceback: same stream and rank,
+    at most rules.yaml `traceback_lines` above it, and no other failure line between them
+    (that would end an earlier traceback)."""
+    cfg = ctx.config
+    limit = int(cfg["traceback_lines"])
+    here = (root.event.attrs.get("stream"), root.event.host, root.event.rank)
+    frame = None
+    for item in ctx.evidence:
+        gap = root.event.seq - item.event.seq
+        if (item.event.attrs.get("stream"), item.event.host, item.event.rank) != here:
+            continue
+        if not 0 < gap <= limit:
+            continue
+        if cfg.is_frame_signature(item.signature):
+            if frame is None or item.event.seq > frame.event.seq:
+                frame = item
+        elif item.is_failure and frame is not None and item.event.seq > frame.event.seq:
+            frame = None  # a failure below the frame ended that traceback
+    return frame
+
+
+def refined(ctx: RuleContext, finding: Finding) -> Finding:
+    """The root named more exactly (rules.yaml `refines`): another reading of its own line
+    (ENOSPC on /dev/shm is shared memory running out), else the innermost frame of its
+    traceback that says what the program was doing (a bare exception raised inside torch.save
+    is a checkpoint save that failed): the root's line, under the frame's signature."""
+    cfg, root = ctx.config, finding.root
+    if finding.derived:
+        return finding
+    better = [
+        e
+        for e in ctx.failures
+        if same_line(e, root) and e is not root and cfg.refines(e.category, root.category)
+    ]
+    if better:
+        return Finding(finding.rule, max(better, key=lambda e: severity_rank(e.severity)))
+    frame = _innermost_frame(ctx, root)
+    if frame is None or not cfg.refines(frame.category, root.category):
+        return finding
+    ids = [int(e.id[1:]) for e in ctx.evidence if e.id[1:].isdigit()]
+    named = Evidence(
+        id=f"e{max(ids, default=0) + 1}",
+        event=root.event,  # the same line: one timeline row, the exception's own place
+        signature=frame.signature,
+        category=frame.category,
+        severity=root.severity,
+        captures={**root.captures, **frame.captures},
+        summary=f"{frame.summary}: {root.event.body.strip()[:200]}",
+        action=frame.action,
+    )
+    assert line_key(named) == line_key(root)
+    return Finding("named_by_frame", named, derived=True)
 
 
 def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
@@ -104,7 +161,7 @@ def further_findings(
         if finding is None or finding.rule not in allowed:
             break
         explained.add(id(finding.root))
-        finding = cause_explains_effect(rest, finding)
+        finding = cause_explains_effect(rest, refined(rest, finding))
         chain = accounted_for(rest, finding.root)
         found.append((finding, chain))
         explained.update(id(e) for e in chain)

@@ -47,7 +47,9 @@ class RulesConfig:
     is_collective_timeout: Matcher = field(init=False)
     can_explain_failure: Matcher = field(init=False)
     sigkill_marker: re.Pattern[str] = field(init=False)
+    is_frame_signature: Matcher = field(init=False)
     _explains: dict[str, Matcher] = field(init=False)
+    _refines: dict[str, Matcher] = field(init=False)
     _across: dict[str, Matcher] = field(init=False)
     _on_success_categories: Matcher = field(init=False)
     _on_success_signatures: Matcher = field(init=False)
@@ -67,6 +69,10 @@ class RulesConfig:
         self._explains = {
             cause: _matcher(list(effects)) for cause, effects in r["explains"].items()
         }
+        self._refines = {
+            better: _matcher(list(roots)) for better, roots in r["refines"]["categories"].items()
+        }
+        self.is_frame_signature = _matcher(r["refines"]["frame_signatures"])
         self._across = {}
         for entry in r["explains_across_hosts"]:
             named = entry if isinstance(entry, dict) else {entry: ["*"]}
@@ -90,6 +96,12 @@ class RulesConfig:
         (rules.yaml `explains`: a lost GPU explains CUDA and NCCL errors, not ENOSPC)."""
         matches = self._explains.get(cause)
         return matches is not None and matches(effect)
+
+    def refines(self, better: str, root: str) -> bool:
+        """Whether evidence of category `better` names a root of category `root` more exactly
+        (rules.yaml `refines`: a bare exception raised inside torch.save is a failed save)."""
+        matches = self._refines.get(better)
+        return matches is not None and matches(root)
 
     def crosses_hosts(self, cause: str, effect: str) -> bool:
         """Whether `cause` on one host explains `effect` on another (rules.yaml

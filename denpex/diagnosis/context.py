@@ -85,7 +85,9 @@ class Finding:
     rule: str
     root: Evidence
     note: str = ""
-    derived: bool = False  # the root was inferred from other evidence, not matched on a line
+    # the root is new evidence, not one of the matched items: inferred from other evidence (the
+    # rank that did not arrive) or a matched line named anew (by its traceback's frame)
+    derived: bool = False
 
 
 def same_line(a: Evidence, b: Evidence) -> bool:

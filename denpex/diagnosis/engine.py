@@ -13,7 +13,12 @@ from dataclasses import dataclass, field
 from denpex.core.diagnosis import Action, Contributing, Diagnosis, RootCause, TimelineEntry
 from denpex.core.events import Evidence, format_ts, severity_rank
 from denpex.core.taxonomy import Taxonomy, load_taxonomy
-from denpex.diagnosis.causality import accounted_for, cause_explains_effect, further_findings
+from denpex.diagnosis.causality import (
+    accounted_for,
+    cause_explains_effect,
+    further_findings,
+    refined,
+)
 from denpex.diagnosis.config import RulesConfig, load_rules
 from denpex.diagnosis.context import (
     Finding,
@@ -91,7 +96,7 @@ def _first_finding(ctx: RuleContext) -> Finding | None:
     for rule in RULES:
         finding = rule(ctx)
         if finding is not None:
-            return cause_explains_effect(ctx, finding)
+            return cause_explains_effect(ctx, refined(ctx, finding))
     return None
 
 
@@ -292,18 +297,19 @@ def _cause(
     root = finding.root
     host, rank = _place(ctx, root, chain or [root])
     context = is_host_context(root)  # a host-context cause keeps its kin; a job's cause not
-    items = ordered(
-        [
-            root,
-            *[
+    # the cause's own line first (where the report says it is), then its other lines in order
+    items = [
+        root,
+        *ordered(
+            [
                 e
                 for e in ctx.evidence
                 if e.category == root.category
                 and e is not root
                 and (context or not is_host_context(e))
-            ],
-        ]
-    )
+            ]
+        ),
+    ]
     attribution = root.event.attrs.get("attribution")
     explanation = data.explanations.get(root.signature)
     return RootCause(

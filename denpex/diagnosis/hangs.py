@@ -43,9 +43,9 @@ def _int(text: str | None) -> int | None:
 
 
 def _reporter(item: Evidence) -> int | None:
-    """The rank that printed a timeout line (a captured "from rank N" names another)."""
-    printed_by = item.event.attrs.get("printed_by_rank")
-    return printed_by if isinstance(printed_by, int) else item.event.rank
+    """The rank that printed a timeout line (its `rank`: a signature captures the rank a
+    line is about as `rank`, and another rank it names under another name)."""
+    return item.event.rank
 
 
 def _progress(timeouts: list[Evidence]) -> dict[int, _Progress]:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from denpex.core.events import Evidence, severity_rank
 from denpex.diagnosis.context import Finding, RuleContext, strongest_earliest
 from denpex.diagnosis.hangs import absent_from_collective
-from denpex.diagnosis.timeline import before, earliest, order_key, seconds_between
+from denpex.diagnosis.timeline import before, earliest, line_key, order_key, seconds_between
 
 
 def _found(rule: str, root: Evidence | None, note: str = "") -> Finding | None:
@@ -144,6 +144,26 @@ def first_failing_weak(ctx: RuleContext) -> Finding | None:
     return Finding("first_failing_weak", root)
 
 
+def likely_oom_kill(ctx: RuleContext) -> Finding | None:
+    """A process killed by SIGKILL, and nothing failed before it: without the kernel's word,
+    the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The kill is a
+    launcher's or the parent's report (`exits with return code = -9`, `died with
+    <Signals.SIGKILL: 9>`), a warning of an `oom_categories` category."""
+    cfg = ctx.config
+    kills = [
+        e
+        for e in ctx.evidence
+        if cfg.is_oom(e.category) and e.severity in cfg["likely_oom"]["severities"]
+    ]
+    kill = earliest(kills)
+    if kill is None:
+        return None
+    kill_line = line_key(kill)
+    if any(before(e, kill) and line_key(e) != kill_line for e in ctx.failures):
+        return None  # it died after another failure: the kill is the teardown, not the cause
+    return Finding("likely_oom_kill", kill)
+
+
 def exception_fallback(ctx: RuleContext) -> Finding | None:
     """An uncaught exception with no more specific evidence: app.exception."""
     exceptions = [e for e in ctx.failures if e.category == "app.exception"]
@@ -181,7 +201,10 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
 # Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
 # failure before a cancel is what the user must fix; `numerics` above it because a NaN is
 # what makes the later crash happen; `absent_from_collective` below it because a rank that
-# crashed is absent from a collective too, and its crash is the cause.
+# crashed is absent from a collective too, and its crash is the cause; `likely_oom_kill` below
+# `first_failing_weak` because a line that says both "killed" and what died (a DataLoader
+# worker) names its failure, and above `exception_fallback` because the parent's exception
+# about its SIGKILLed child is the kill's consequence.
 RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     hardware_first,
     oom_killer,
@@ -190,6 +213,7 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     absent_from_collective,
     scheduler,
     first_failing_weak,
+    likely_oom_kill,
     exception_fallback,
     warnings_on_failure,
     symptoms_only,

@@ -369,8 +369,6 @@ class Scanner:
         rank = _int(captures.get("rank"))
         if rank is None:
             rank = own_rank
-        elif own_rank is not None and own_rank != rank:
-            parsed.attrs["printed_by_rank"] = own_rank  # "… from rank 0" printed by rank 3
         if host:
             state.hosts_seen[host] = state.hosts_seen.get(host, 0) + 1
         event = Event(

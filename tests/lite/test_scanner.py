@@ -264,7 +264,7 @@ def test_a_traceback_names_its_innermost_frame():
     assert errors and errors[0].event.attrs["frame"] == "data.py:17 in collate"
 
 
-def test_a_capture_naming_another_rank_keeps_who_printed_the_line():
+def test_a_dump_signal_from_another_rank_stays_on_the_rank_that_printed_it():
     line = (
         b"[rank1]:[E710 18:00:32.686 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID 0(default_pg)"
         b" Rank 1] Received a dump signal due to a collective timeout from  rank 0 and we will try"
@@ -272,7 +272,7 @@ def test_a_capture_naming_another_rank_keeps_who_printed_the_line():
         b" 4.\n"
     )
     (found,) = scan(line).evidence
-    assert found.event.rank == 0 and found.event.attrs["printed_by_rank"] == 1
+    assert found.event.rank == 1 and found.captures["from_rank"] == "0"
 
 
 def test_the_world_size_the_log_states_reaches_the_evidence():
