@@ -95,6 +95,8 @@ def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
             and not same_line(e, root)  # one line read two ways is one statement, not a cause
             and ctx.explains(e, root)
             and not (ctx.explains(root, e) and before(first, e))
+            # a symptom (a timeout) that came after the root is never its deeper cause
+            and not (ctx.tier(e.category) == "symptom" and before(root, e))
         ]
         cause = strongest_earliest(causes)
         if cause is None:

@@ -126,8 +126,9 @@ def _derived(
 
 def _crashed(ctx: RuleContext, rank: int, first_timeout: Evidence) -> bool:
     """Whether `rank` failed on its own rather than hung: an error of its own (not a timeout,
-    not hang evidence), or any sign before the timeouts that it ended (the launcher reporting
-    its exit, a kill): a rank that died is absent from a collective too."""
+    not hang evidence, not what the timeouts explain: the connection its timed-out peers
+    closed), or any sign before the timeouts that it ended (the launcher reporting its exit, a
+    kill): a rank that died is absent from a collective too."""
     cfg = ctx.config
     for item in ctx.evidence:
         if item.event.rank != rank or severity_rank(item.severity) < 1:
@@ -136,6 +137,8 @@ def _crashed(ctx: RuleContext, rank: int, first_timeout: Evidence) -> bool:
             continue
         if before(item, first_timeout):
             return True
+        if ctx.explains(first_timeout, item):
+            continue  # the teardown the timeouts started: its peers closed the connection
         if item.is_failure and ctx.tier(item.category) != "symptom":
             return True
     return False
