@@ -1,5 +1,6 @@
 """Rule absent_from_collective: when a collective times out, the cause is the rank that did
-not arrive (DESIGN §6), named from the log alone.
+not arrive (DESIGN §6), named from the log alone; rule diverged_collectives: ranks that wait
+in different collectives took different code paths.
 
 Two kinds of proof, thresholds in rules.yaml `collective_timeout`: ProcessGroupNCCL's "last
 enqueued / last completed NCCL work" numbers (the straggler's count lags every other rank's),
@@ -22,10 +23,11 @@ from denpex.diagnosis.timeline import before, earliest
 _PROCESS_GROUP = re.compile(r"\[PG (?:ID )?(\d{1,6})\b")
 
 
-# the detectors (core/detectors.yaml) of the two proofs
+# the detectors (core/detectors.yaml) of the proofs
 _DETECTORS = {
     "lagging": "train.hang.lagging_collective",
     "absent": "train.hang.absent_from_collective",
+    "diverged": "dist.collective_mismatch.diverged_collectives",
 }
 
 
@@ -93,7 +95,7 @@ def _world_size(ctx: RuleContext) -> int | None:
 
 
 def _derived(
-    ctx: RuleContext, rank: int, kind: str, body: str, timeouts: list[Evidence]
+    ctx: RuleContext, rank: int | None, kind: str, body: str, timeouts: list[Evidence]
 ) -> Evidence:
     first = earliest(timeouts)
     assert first is not None
@@ -103,7 +105,14 @@ def _derived(
     ts_ns = first.event.ts_ns
     if ts_ns is not None and timeout_ms is not None:
         ts_ns -= timeout_ms * 1_000_000
-    host = next((e.event.host for e in ctx.evidence if e.event.rank == rank and e.event.host), None)
+    host = next(
+        (
+            e.event.host
+            for e in ctx.evidence
+            if rank is not None and e.event.rank == rank and e.event.host
+        ),
+        None,
+    )
     ids = [int(e.id[1:]) for e in ctx.evidence if e.id[1:].isdigit()]
     event = Event(
         body=body,
@@ -208,3 +217,35 @@ def _ranks(ranks: list[int]) -> str:
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}–{ranks[-1]}"
     return ", ".join(map(str, ranks[:12])) + (" …" if len(ranks) > 12 else "")
+
+
+def _tensors(item: Evidence) -> set[str]:
+    names = item.captures.get("tensors", "").replace(" ...", "").split(",")
+    return {n.strip() for n in names if n.strip()}
+
+
+def diverged_collectives(ctx: RuleContext) -> Finding | None:
+    """Ranks in different collectives (rules.yaml `diverged_collectives`): the latest stall
+    report of each rank lists the tensors it did not submit; when two or more ranks are each
+    missing tensors and no two of them miss a name in common, every one of them submitted
+    something another did not, so none is simply behind: they took different code paths."""
+    limits = ctx.config["diverged_collectives"]
+    wanted = set(limits["signatures"])
+    latest: dict[int, Evidence] = {}
+    for item in ctx.evidence:
+        if item.signature in wanted and item.event.rank is not None and _tensors(item):
+            latest[item.event.rank] = item
+    if len(latest) < int(limits["min_ranks"]):
+        return None
+    missing = {rank: _tensors(item) for rank, item in sorted(latest.items())}
+    ranks = list(missing)
+    if any(missing[a] & missing[b] for i, a in enumerate(ranks) for b in ranks[i + 1 :]):
+        return None
+    shown = "; ".join(f"rank {r} misses {', '.join(sorted(missing[r])[:2])}" for r in ranks[:4])
+    body = (
+        f"ranks {_ranks(ranks)} wait in different collectives, each for tensors the others "
+        f"never submitted ({shown}): they took different code paths"
+    )
+    reports = sorted(latest.values(), key=lambda e: e.event.seq)
+    found = _derived(ctx, None, "diverged", body, reports)
+    return Finding("diverged_collectives", found, derived=True)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from denpex.core.events import Evidence, severity_rank
 from denpex.diagnosis.context import Finding, RuleContext, strongest_earliest
-from denpex.diagnosis.hangs import absent_from_collective
+from denpex.diagnosis.hangs import absent_from_collective, diverged_collectives
 from denpex.diagnosis.timeline import before, earliest, line_key, order_key, seconds_between
 
 
@@ -211,6 +211,7 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     numerics,
     first_failing_rank,
     absent_from_collective,
+    diverged_collectives,
     scheduler,
     first_failing_weak,
     likely_oom_kill,
