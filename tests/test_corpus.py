@@ -1,12 +1,19 @@
-"""Accuracy on the labelled corpus of realistic failure logs (tests/corpus/labels.yaml).
+"""Accuracy on the labelled corpus: the synthetic logs of tests/corpus/ and, measured apart,
+the real logs of tests/corpus/real/ copied verbatim from public threads.
 
-Prints one line per log and fails when fewer than 90 % of root causes are right; every
+One helper evaluates each part and prints its per-category table (right/total) and its
+confusion list (want → got, with the file); each part keeps its own thresholds here. The
+real part's holdout split is reported as totals only: its per-log results stay hidden
+(set DENPEX_CORPUS_HOLDOUT=show to list them) so that nobody tunes the rules to it. Every
 diagnosis must also validate against the JSON schema.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,66 +24,165 @@ from denpex.lite.prefixes import hints_from_path
 from denpex.lite.session import LiteSession, ReportOptions
 
 CORPUS = Path(__file__).parent / "corpus"
-LABELS = (
-    yaml.safe_load((CORPUS / "labels.yaml").read_text())
-    if (CORPUS / "labels.yaml").exists()
-    else []
-)
-TARGET = 0.90
+REAL = CORPUS / "real"
+SHOW_HOLDOUT = os.environ.get("DENPEX_CORPUS_HOLDOUT") == "show"
+
+
+def _labels(folder: Path) -> list[dict]:
+    path = folder / "labels.yaml"
+    return yaml.safe_load(path.read_text()) if path.exists() else []
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the corpus and the levels it must keep."""
+
+    name: str
+    folder: Path
+    labels: list[dict]
+    target: float  # top-1 accuracy over the whole part
+    symptom_first_target: float  # … over the logs whose first error line is a symptom
+
+
+# synthetic: the level reached when the real part was wired in (main had 94.3 %)
+SYNTHETIC = Part("synthetic", CORPUS, _labels(CORPUS), 0.94, 0.0)
+# real: the level reached, rounded down; main had 65 % overall
+REAL_PART = Part("real", REAL, _labels(REAL), 0.65, 0.0)
 ATTRIBUTION_TARGET = 0.80
 
 
-def diagnose_file(entry: dict) -> dict:
+@dataclass(frozen=True)
+class Outcome:
+    entry: dict
+    diagnosis: dict
+
+    @property
+    def got(self) -> str:
+        return self.diagnosis["root_cause"]["category"]
+
+    @property
+    def right(self) -> bool:
+        want_status = self.entry.get("status", self.diagnosis["status"])
+        return self.got == self.entry["category"] and self.diagnosis["status"] == want_status
+
+    @property
+    def hidden(self) -> bool:
+        return self.entry.get("split") == "holdout" and not SHOW_HOLDOUT
+
+
+def _exit_of(entry: dict) -> tuple[int | None, int | None]:
+    """(exit code, signal) as a wrapper sees the job end: a negative code is Python's
+    `returncode` of a process killed by that signal."""
+    exit_ = entry.get("exit") or {}
+    code, sig = exit_.get("code"), exit_.get("signal")
+    if isinstance(sig, str):
+        sig = int(signal.Signals[sig])
+    if isinstance(code, int) and code < 0:
+        code, sig = None, -code
+    return code, sig
+
+
+def diagnose_file(folder: Path, entry: dict) -> dict:
     session = LiteSession(load_catalog(), ReportOptions(text=False))
-    path = CORPUS / entry["file"]
+    path = folder / entry["file"]
     host, rank = hints_from_path(entry["file"])
     session.scanner.stream(str(path), host=host, rank=rank)
     session.scanner.feed(str(path), path.read_bytes())
-    exit_ = entry.get("exit") or {}
-    sig = exit_.get("signal")
-    if isinstance(sig, str):
-        sig = int(signal.Signals[sig])
-    return session.conclude(exit_.get("code"), sig).to_dict()
+    return session.conclude(*_exit_of(entry)).to_dict()
+
+
+def evaluate(part: Part) -> list[Outcome]:
+    return [Outcome(entry, diagnose_file(part.folder, entry)) for entry in part.labels]
+
+
+def _share(outcomes: list[Outcome]) -> tuple[int, int, float]:
+    right = sum(o.right for o in outcomes)
+    return right, len(outcomes), (right / len(outcomes) if outcomes else 1.0)
+
+
+def report(part: Part, outcomes: list[Outcome]) -> str:
+    """Per-category table, confusion list and totals of one part (holdout logs: totals)."""
+    shown = [o for o in outcomes if not o.hidden]
+    per_category: dict[str, list[bool]] = {}
+    for o in shown:
+        per_category.setdefault(o.entry["category"], []).append(o.right)
+    lines = [f"== {part.name} part: per category (right/total)"]
+    for category, oks in sorted(per_category.items()):
+        lines.append(f"  {category:<28} {sum(oks)}/{len(oks)}")
+    lines.append(f"== {part.name} part: confusion (want → got)")
+    for o in shown:
+        if not o.right:
+            root = o.diagnosis["root_cause"]
+            lines.append(
+                f"  {o.entry['category']:<24} → {o.got:<24} {root['confidence']:.2f} "
+                f"{root['rule']:<22} {o.entry['file']}"
+            )
+    hidden = [o for o in outcomes if o.hidden]
+    if hidden:
+        lines.append(f"  (+ {sum(not o.right for o in hidden)} holdout mistakes, not listed)")
+    right, total, share = _share(outcomes)
+    lines.append(f"{part.name} accuracy: {right}/{total} = {share:.1%}")
+    for split in sorted({o.entry["split"] for o in outcomes if "split" in o.entry}):
+        r, t, s = _share([o for o in outcomes if o.entry.get("split") == split])
+        lines.append(f"  {split}: {r}/{t} = {s:.1%}")
+    r, t, s = _share([o for o in outcomes if o.entry.get("symptom_first")])
+    if t:
+        lines.append(f"  symptom-first: {r}/{t} = {s:.1%}")
+    r, t, s = _share([o for o in outcomes if o.entry.get("status") == "ok"])
+    lines.append(f"  healthy logs silent: {r}/{t}")
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="module")
-def results() -> list[tuple[dict, dict]]:
-    return [(entry, diagnose_file(entry)) for entry in LABELS]
+def results() -> list[Outcome]:
+    return evaluate(SYNTHETIC)
+
+
+@pytest.fixture(scope="module")
+def real_results() -> list[Outcome]:
+    return evaluate(REAL_PART)
 
 
 def test_corpus_is_big_and_varied():
-    assert len(LABELS) >= 40
-    categories = {e["category"] for e in LABELS}
-    assert len(categories) >= 20
-    assert sum(e["category"] == "unknown" for e in LABELS) >= 8
-    for entry in LABELS:
+    labels = SYNTHETIC.labels
+    assert len(labels) >= 40
+    assert len({e["category"] for e in labels}) >= 20
+    assert sum(e["category"] == "unknown" for e in labels) >= 8
+    for entry in labels:
         assert (CORPUS / entry["file"]).is_file(), entry["file"]
 
 
-def test_accuracy(results, validate_diagnosis):
-    right = 0
-    lines = []
-    for entry, diagnosis in results:
-        validate_diagnosis(diagnosis)
-        got = diagnosis["root_cause"]["category"]
-        ok = got == entry["category"] and diagnosis["status"] == entry.get(
-            "status", diagnosis["status"]
-        )
-        right += ok
-        lines.append(
-            f"{'ok ' if ok else 'BAD'} {entry['file']:<44} want {entry['category']:<24} "
-            f"got {got:<24} {diagnosis['root_cause']['confidence']:.2f} {diagnosis['root_cause']['rule']}"
-        )
-    accuracy = right / len(results)
-    print("\n".join(lines))
-    print(f"corpus accuracy: {right}/{len(results)} = {accuracy:.1%}")
-    assert accuracy >= TARGET
+def test_real_part_is_labelled_from_public_threads():
+    labels = REAL_PART.labels
+    assert len(labels) >= 120
+    logs = {p.name for p in REAL.glob("*.log")}
+    assert logs == {e["file"] for e in labels}
+    for entry in labels:
+        assert entry["source"].startswith("https://"), entry["file"]
+        assert entry["split"] in ("dev", "holdout"), entry["file"]
+        assert isinstance(entry["symptom_first"], bool), entry["file"]
+    assert sum(e["status"] == "ok" for e in labels) >= 10
 
 
-def test_healthy_runs_are_not_failures(results):
-    for entry, diagnosis in results:
-        if entry["category"] == "unknown" and entry.get("status") == "ok":
-            assert diagnosis["status"] == "ok", entry["file"]
+@pytest.mark.parametrize("part", [SYNTHETIC, REAL_PART], ids=lambda p: p.name)
+def test_accuracy(part, results, real_results, validate_diagnosis):
+    outcomes = results if part is SYNTHETIC else real_results
+    for o in outcomes:
+        validate_diagnosis(o.diagnosis)
+    print(report(part, outcomes))
+    assert _share(outcomes)[2] >= part.target
+    symptom_first = [o for o in outcomes if o.entry.get("symptom_first")]
+    assert _share(symptom_first)[2] >= part.symptom_first_target
+
+
+@pytest.mark.parametrize("part", [SYNTHETIC, REAL_PART], ids=lambda p: p.name)
+def test_healthy_runs_are_not_failures(part, results, real_results):
+    outcomes = results if part is SYNTHETIC else real_results
+    healthy = [o for o in outcomes if o.entry.get("status") == "ok"]
+    assert healthy
+    for o in healthy:
+        assert o.diagnosis["status"] == "ok", "a healthy log" if o.hidden else o.entry["file"]
+        assert o.got == "unknown", "a healthy log" if o.hidden else o.entry["file"]
 
 
 def test_root_cause_rank_and_host_where_labelled(results):
@@ -84,15 +190,16 @@ def test_root_cause_rank_and_host_where_labelled(results):
     denpex must name the same host/rank (logs that never say which host printed them limit
     this, hence a threshold below 100 %)."""
     checked, wrong = 0, []
-    for entry, diagnosis in results:
-        if diagnosis["root_cause"]["category"] != entry["category"]:
+    for o in results:
+        if not o.right:
             continue
         for key in ("rank", "host"):
-            if key in entry:
+            if key in o.entry:
                 checked += 1
-                if diagnosis["root_cause"][key] != entry[key]:
+                if o.diagnosis["root_cause"][key] != o.entry[key]:
                     wrong.append(
-                        f"{entry['file']}: {key} {diagnosis['root_cause'][key]} != {entry[key]}"
+                        f"{o.entry['file']}: {key} {o.diagnosis['root_cause'][key]} "
+                        f"!= {o.entry[key]}"
                     )
     print("\n".join(wrong))
     print(f"attribution: {checked - len(wrong)}/{checked} host/rank values right")
@@ -104,12 +211,12 @@ def test_confidence_is_calibrated_on_the_corpus(results):
     """Per rule: how often it is right and the confidence it claims; right answers must carry
     more confidence than wrong ones, so the number means something to a reader."""
     by_rule: dict[str, list[tuple[bool, float]]] = {}
-    for entry, diagnosis in results:
-        root = diagnosis["root_cause"]
+    for o in results:
+        root = o.diagnosis["root_cause"]
         if root["category"] == "unknown":
             continue
         by_rule.setdefault(root["rule"], []).append(
-            (root["category"] == entry["category"], root["confidence"])
+            (root["category"] == o.entry["category"], root["confidence"])
         )
     for rule, outcomes in sorted(by_rule.items()):
         right = sum(ok for ok, _ in outcomes)
@@ -120,3 +227,11 @@ def test_confidence_is_calibrated_on_the_corpus(results):
     wrong = [c for ok, c in all_outcomes if not ok]
     if wrong:
         assert sum(right) / len(right) > sum(wrong) / len(wrong)
+
+
+def test_real_categories_exist_in_the_taxonomy():
+    from denpex.core.taxonomy import load_taxonomy
+
+    taxonomy = load_taxonomy()
+    missing = Counter(e["category"] for e in REAL_PART.labels if e["category"] not in taxonomy)
+    assert not missing
