@@ -1,0 +1,70 @@
+"""A root named more exactly (rules.yaml `refines`), end to end from log text: the frame of a
+traceback says what the program was doing, another reading of the root's line says more."""
+
+from __future__ import annotations
+
+from denpex.catalog import load_catalog
+from denpex.lite.session import LiteSession, ReportOptions
+
+
+def diagnose(text: str, exit_code: int | None = 1) -> dict:
+    session = LiteSession(load_catalog(), ReportOptions(text=False))
+    session.scanner.stream("train.log")
+    session.scanner.feed("train.log", text.encode())
+    return session.conclude(exit_code, None).to_dict()
+
+
+DCP_LOAD = """\
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/work/train.py", line 88, in <module>
+[rank0]:     dcp.load(state_dict, checkpoint_id="/ckpt/step-15000")
+[rank0]:   File "/usr/lib/python3/site-packages/torch/distributed/checkpoint/state_dict_loader.py", line 182, in load
+[rank0]:     _load_state_dict(state_dict, storage_reader, process_group, coordinator_rank, no_dist, planner)
+[rank0]:   File "/usr/lib/python3/site-packages/torch/distributed/checkpoint/utils.py", line 210, in reduce_scatter
+[rank0]:     raise result
+[rank0]: torch.distributed.checkpoint.api.CheckpointException: CheckpointException ranks:dict_keys([0, 1])
+"""
+
+TORCH_SAVE = """\
+Epoch 0, average loss 0.0506
+Traceback (most recent call last):
+  File "/src/train.py", line 227, in train
+    torch.save({'model_state_dict': network.state_dict()}, path)
+  File "/env/lib/python3.9/site-packages/torch/serialization.py", line 422, in save
+    with _open_zipfile_writer(f) as opened_zipfile:
+  File "/env/lib/python3.9/site-packages/torch/serialization.py", line 309, in _open_zipfile_writer
+    return container(name_or_buffer)
+OSError: [Errno 9] Bad file descriptor
+"""
+
+
+def test_dcp_exception_under_dcp_load_is_a_failed_load():
+    root = diagnose(DCP_LOAD)["root_cause"]
+    assert (root["category"], root["rule"], root["rank"]) == (
+        "ckpt.load_failure",
+        "named_by_frame",
+        0,
+    )
+
+
+def test_a_bare_exception_inside_torch_save_is_a_failed_save_at_the_exception_line():
+    diagnosis = diagnose(TORCH_SAVE)
+    root = diagnosis["root_cause"]
+    assert (root["category"], root["rule"]) == ("ckpt.save_failure", "named_by_frame")
+    assert root["signature"] == "ckpt.save_failure.frame_torch_save"
+    first = next(t for t in diagnosis["timeline"] if t["id"] == root["evidence"][0])
+    assert first["line"].startswith("OSError: [Errno 9]") and first["lineno"] == 9
+    assert diagnosis["findings"] == []
+
+
+def test_the_same_traceback_without_the_save_frame_stays_a_bare_exception():
+    text = "\n".join(line for line in TORCH_SAVE.splitlines() if "serialization.py" not in line)
+    assert diagnose(text)["root_cause"]["category"] == "app.exception"
+
+
+def test_enospc_on_dev_shm_is_shared_memory():
+    line = (
+        "node1:202016:202235 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend "
+        "/dev/shm/nccl-WU88OE to 9637892 bytes, error: No space left on device (28)\n"
+    )
+    assert diagnose(line)["root_cause"]["category"] == "host.shm_exhausted"
