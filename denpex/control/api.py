@@ -1,0 +1,412 @@
+"""The HTTP surface of `denpex server` (FastAPI): OTLP/HTTP ingest on /v1/logs and
+/v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json.
+
+Every route that touches tenant data names its action; the `principal` dependency
+authenticates and authorises through denpex.enterprise BEFORE the handler runs, and the
+handler reaches storage only through `store.scoped(principal)`. It must never answer a
+malformed payload with a 5xx, nor store part of one.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceResponse,
+)
+from starlette.concurrency import run_in_threadpool
+
+from denpex import __version__
+from denpex.control import ingest
+from denpex.control.db import StoreError
+from denpex.control.store import Conflict, NotFound, Page, decode_cursor
+from denpex.control.timefmt import parse_time_param
+from denpex.core import jsonio
+from denpex.enterprise import AuthError, Principal, authenticate, authorize
+
+if TYPE_CHECKING:
+    from denpex.control.server import Runtime
+
+Limit = Annotated[int, Query(ge=1, le=1000, description="items per page")]
+Cursor = Annotated[str | None, Query(description="`next_cursor` of the previous page")]
+Since = Annotated[str | None, Query(description="ISO 8601 time or ns since the epoch (inclusive)")]
+Until = Annotated[str | None, Query(description="ISO 8601 time or ns since the epoch (exclusive)")]
+
+
+def create_app(rt: "Runtime") -> FastAPI:
+    app = FastAPI(
+        title="denpex control plane",
+        version=__version__,
+        openapi_url="/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        description="Fleet ingest (OTLP/HTTP, job reports), incidents, hosts, jobs, evidence.",
+    )
+    _error_handlers(app, rt)
+    app.add_middleware(_Timing, rt=rt)
+
+    def principal(action: str) -> Callable[[Request], Principal]:
+        def dependency(request: Request) -> Principal:
+            found = authenticate(request.headers, rt.tokens)
+            authorize(found, action)
+            return found
+
+        dependency.__name__ = f"requires_{action.replace(':', '_')}"
+        return dependency
+
+    # --- service ---------------------------------------------------------------------------
+
+    @app.get("/healthz", tags=["service"])
+    def healthz() -> dict[str, Any]:
+        state = rt.leadership.state
+        return {
+            "status": "ok",
+            "version": __version__,
+            "store": rt.db.dialect,
+            "schema": rt.schema_revision,
+            "leader": state.leader,
+            "epoch": state.epoch,
+        }
+
+    @app.get("/metrics", tags=["service"], response_class=Response)
+    def metrics() -> Response:
+        return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    # --- ingest ----------------------------------------------------------------------------
+
+    @app.post("/v1/logs", tags=["ingest"], summary="OTLP/HTTP logs (protobuf or JSON)")
+    async def otlp_logs(
+        request: Request, who: Annotated[Principal, Depends(principal("evidence:write"))]
+    ) -> Response:
+        fmt, data = await _otlp_body(request)
+        now = time.time_ns()
+        batch = ingest.decode_logs(data, fmt, tenant=who.tenant, received_ns=now)
+        _admit(rt, who.tenant, len(batch.rows))
+        stored = await run_in_threadpool(rt.store.scoped(who).add_evidence, batch)
+        rt.metrics.ingested.labels(who.tenant, "evidence").inc(stored)
+        rt.metrics.duplicates.labels(who.tenant, "evidence").inc(len(batch.rows) - stored)
+        return _otlp_reply(ExportLogsServiceResponse(), fmt)
+
+    @app.post("/v1/metrics", tags=["ingest"], summary="OTLP/HTTP metrics (protobuf or JSON)")
+    async def otlp_metrics(
+        request: Request, who: Annotated[Principal, Depends(principal("evidence:write"))]
+    ) -> Response:
+        fmt, data = await _otlp_body(request)
+        rows = ingest.decode_metrics(data, fmt, tenant=who.tenant)
+        _admit(rt, who.tenant, len(rows))
+        stored = await run_in_threadpool(rt.store.scoped(who).add_metrics, rows)
+        rt.metrics.ingested.labels(who.tenant, "metric").inc(stored)
+        return _otlp_reply(ExportMetricsServiceResponse(), fmt)
+
+    @app.post(
+        "/api/v1/reports",
+        tags=["ingest"],
+        status_code=201,
+        summary="a job's diagnosis (denpex.diagnosis/v1) with job id, hosts, ranks, scheduler ids",
+    )
+    async def post_report(
+        request: Request, who: Annotated[Principal, Depends(principal("reports:write"))]
+    ) -> Response:
+        if ingest.body_format(request.headers.get("content-type")) != "json":
+            raise ingest.IngestError(415, "a report is application/json")
+        data = ingest.body_bytes(await request.body(), request.headers.get("content-encoding"))
+        now = time.time_ns()
+        report = ingest.decode_report(data, tenant=who.tenant, received_ns=now)
+        _admit(rt, who.tenant, 1 + len(report.evidence.rows))
+        new = await run_in_threadpool(rt.store.scoped(who).add_report, report, now)
+        rt.metrics.ingested.labels(who.tenant, "report").inc(int(new))
+        rt.metrics.duplicates.labels(who.tenant, "report").inc(int(not new))
+        rt.wake_leader()
+        body = {"id": report.id, "stored": new, "duplicate": not new}
+        return JSONResponse(body, status_code=201 if new else 200)
+
+    # --- incidents -------------------------------------------------------------------------
+
+    @app.get("/api/v1/incidents", tags=["incidents"])
+    def list_incidents(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("incidents:read"))],
+        status: Annotated[str | None, Query(pattern="^(open|acknowledged|resolved)$")] = None,
+        host: str | None = None,
+        job: str | None = None,
+        category: str | None = None,
+        since: Since = None,
+        until: Until = None,
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        page = rt.store.scoped(who).incidents(
+            status=status,
+            host=host,
+            job=job,
+            category=category,
+            since=_time(since, "since"),
+            until=_time(until, "until"),
+            limit=limit,
+            cursor=_cursor(cursor, 2),
+        )
+        return _page(request, page)
+
+    @app.get("/api/v1/incidents/{incident_id}", tags=["incidents"])
+    def get_incident(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("incidents:read"))],
+        incident_id: Annotated[int, Path(ge=1)],
+    ) -> Response:
+        return _json(request, rt.store.scoped(who).incident(incident_id))
+
+    @app.post("/api/v1/incidents/{incident_id}/acknowledge", tags=["incidents"])
+    def acknowledge(
+        who: Annotated[Principal, Depends(principal("incidents:write"))],
+        incident_id: Annotated[int, Path(ge=1)],
+    ) -> Response:
+        done = rt.store.scoped(who).transition(
+            incident_id, "acknowledged", _who(who), time.time_ns()
+        )
+        return JSONResponse(done)
+
+    @app.post("/api/v1/incidents/{incident_id}/resolve", tags=["incidents"])
+    def resolve(
+        who: Annotated[Principal, Depends(principal("incidents:write"))],
+        incident_id: Annotated[int, Path(ge=1)],
+    ) -> Response:
+        done = rt.store.scoped(who).transition(incident_id, "resolved", _who(who), time.time_ns())
+        return JSONResponse(done)
+
+    # --- hosts, jobs, evidence ---------------------------------------------------------------
+
+    @app.get("/api/v1/hosts", tags=["hosts"])
+    def list_hosts(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("hosts:read"))],
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        return _page(request, rt.store.scoped(who).hosts(limit=limit, cursor=_cursor(cursor, 1)))
+
+    @app.get("/api/v1/hosts/{host}", tags=["hosts"], summary="a host's history")
+    def get_host(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("hosts:read"))],
+        host: str,
+        since: Since = None,
+        until: Until = None,
+        limit: Limit = 100,
+    ) -> Response:
+        history = rt.store.scoped(who).host(
+            host, since=_time(since, "since"), until=_time(until, "until"), limit=limit
+        )
+        return _json(request, history)
+
+    @app.get("/api/v1/jobs", tags=["jobs"], summary="job reports by job id, user, category, host")
+    def list_jobs(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("jobs:read"))],
+        job: str | None = None,
+        user: str | None = None,
+        category: str | None = None,
+        host: str | None = None,
+        status: Annotated[str | None, Query(pattern="^(failed|ok)$")] = None,
+        since: Since = None,
+        until: Until = None,
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        page = rt.store.scoped(who).jobs(
+            job=job,
+            user=user,
+            category=category,
+            host=host,
+            status=status,
+            since=_time(since, "since"),
+            until=_time(until, "until"),
+            limit=limit,
+            cursor=_cursor(cursor, 2),
+        )
+        return _page(request, page)
+
+    @app.get("/api/v1/jobs/{job}", tags=["jobs"])
+    def get_job(
+        request: Request, who: Annotated[Principal, Depends(principal("jobs:read"))], job: str
+    ) -> Response:
+        return _json(request, rt.store.scoped(who).job(job))
+
+    @app.get("/api/v1/reports/{report_id}", tags=["jobs"])
+    def get_report(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("jobs:read"))],
+        report_id: str,
+    ) -> Response:
+        return _json(request, rt.store.scoped(who).report(report_id))
+
+    @app.get("/api/v1/evidence", tags=["evidence"])
+    def list_evidence(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("evidence:read"))],
+        host: str | None = None,
+        job: str | None = None,
+        category: str | None = None,
+        since: Since = None,
+        until: Until = None,
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        page = rt.store.scoped(who).list_evidence(
+            host=host,
+            job=job,
+            category=category,
+            since=_time(since, "since"),
+            until=_time(until, "until"),
+            limit=limit,
+            cursor=_cursor(cursor, 2),
+        )
+        return _page(request, page)
+
+    @app.get("/api/v1/evidence/{evidence_id:path}", tags=["evidence"])
+    def get_evidence(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("evidence:read"))],
+        evidence_id: str,
+    ) -> Response:
+        return _json(request, rt.store.scoped(who).evidence(evidence_id))
+
+    return app
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _who(principal: Principal) -> str:
+    return f"token:{principal.token_id}"
+
+
+def _admit(rt: "Runtime", tenant: str, records: int) -> None:
+    wait = rt.quotas.admit(tenant, records)
+    if wait is not None:
+        raise _QuotaExceeded(wait)
+
+
+class _QuotaExceeded(Exception):
+    def __init__(self, wait_s: float) -> None:
+        super().__init__(f"ingest quota exceeded; retry in {wait_s:.1f} s")
+        self.wait_s = wait_s
+
+
+async def _otlp_body(request: Request) -> tuple[str, bytes]:
+    fmt = ingest.body_format(request.headers.get("content-type"))
+    data = ingest.body_bytes(await request.body(), request.headers.get("content-encoding"))
+    return fmt, data
+
+
+def _otlp_reply(message: Any, fmt: str) -> Response:
+    if fmt == "json":
+        return Response(b"{}", media_type="application/json")
+    return Response(message.SerializeToString(), media_type="application/x-protobuf")
+
+
+def _time(value: str | None, name: str) -> int | None:
+    try:
+        return parse_time_param(value)
+    except ValueError:
+        raise ingest.IngestError(400, f"{name}: an ISO 8601 time or integer ns") from None
+
+
+def _cursor(value: str | None, arity: int) -> tuple[Any, ...] | None:
+    if value is None:
+        return None
+    try:
+        return decode_cursor(value, arity)
+    except ValueError as exc:
+        raise ingest.IngestError(400, f"cursor: {exc}") from None
+
+
+def _json(request: Request, data: Any) -> Response:
+    """JSON with a weak ETag; 304 when the client's If-None-Match names it."""
+    body = jsonio.dumps(data)
+    etag = 'W/"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+    match = request.headers.get("if-none-match")
+    if match and etag in [m.strip() for m in match.split(",")]:
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _page(request: Request, page: Page) -> Response:
+    return _json(request, {"items": page.items, "next_cursor": page.next_cursor})
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"status": status, "message": message}}, status_code=status, headers=headers
+    )
+
+
+def _error_handlers(app: FastAPI, rt: "Runtime") -> None:
+    @app.exception_handler(AuthError)
+    def _auth(_request: Request, exc: AuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": 'Bearer realm="denpex"'} if exc.status == 401 else None
+        return _error(exc.status, exc.message, headers)
+
+    @app.exception_handler(ingest.IngestError)
+    def _ingest(request: Request, exc: ingest.IngestError) -> JSONResponse:
+        rt.metrics.rejected.labels(str(exc.status)).inc()
+        return _error(exc.status, exc.message)
+
+    @app.exception_handler(_QuotaExceeded)
+    def _quota(_request: Request, exc: _QuotaExceeded) -> JSONResponse:
+        rt.metrics.rejected.labels("429").inc()
+        return _error(429, str(exc), {"Retry-After": str(max(1, round(exc.wait_s)))})
+
+    @app.exception_handler(NotFound)
+    def _not_found(_request: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, str(exc))
+
+    @app.exception_handler(Conflict)
+    def _conflict(_request: Request, exc: Conflict) -> JSONResponse:
+        return _error(409, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [
+            f"{'.'.join(str(p) for p in err.get('loc', ()))}: {err.get('msg')}"
+            for err in exc.errors()
+        ]
+        return _error(400, "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(StoreError)
+    def _store(_request: Request, exc: StoreError) -> JSONResponse:
+        return _error(503, str(exc))
+
+
+class _Timing:
+    """Pure ASGI middleware: per-route request counts and latency for /metrics."""
+
+    def __init__(self, app: Any, rt: "Runtime") -> None:
+        self.app = app
+        self.rt = rt
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = [500]
+
+        async def send_status(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            name = getattr(route, "path", "unmatched")
+            self.rt.metrics.requests.labels(name, str(status[0])).inc()
+            self.rt.metrics.latency.labels(name).observe(time.perf_counter() - start)

@@ -1,0 +1,159 @@
+"""The store's tables as SQLAlchemy Core objects, the one place queries take names from.
+
+The DDL that creates them lives in migrations/versions (Alembic): change both together, in a
+new migration, never by editing an applied one. Every table with a `tenant` column is
+tenant data: queried only through denpex.control.store.TenantStore, which filters by it (and,
+in PostgreSQL, row-level security filters a second time).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite: INTEGER PRIMARY KEY
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+)
+
+tokens = sa.Table(
+    "tokens",
+    metadata,
+    sa.Column("token_id", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("secret_hash", sa.Text, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("revoked_ns", sa.BigInteger),
+    sa.Column("note", sa.Text, nullable=False, server_default=""),
+)
+
+evidence = sa.Table(
+    "evidence",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("ts_ns", sa.BigInteger, nullable=False),  # 0: the source gave no time
+    sa.Column("received_ns", sa.BigInteger, nullable=False),
+    sa.Column("host", sa.Text),
+    sa.Column("job", sa.Text),
+    sa.Column("rank", sa.Integer),
+    sa.Column("pid", sa.Integer),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("signature", sa.Text, nullable=False),
+    sa.Column("category", sa.Text, nullable=False),
+    sa.Column("severity", sa.Text, nullable=False),
+    sa.Column("summary", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("attrs", sa.Text, nullable=False),  # JSON: {"attrs": {...}, "captures": {...}}
+)
+
+hosts = sa.Table(
+    "hosts",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("first_ns", sa.BigInteger, nullable=False),
+    sa.Column("last_ns", sa.BigInteger, nullable=False),
+)
+
+host_metrics = sa.Table(  # the latest value of each series a host's agent sent
+    "host_metrics",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("labels", sa.Text, primary_key=True),  # canonical JSON of the point's labels
+    sa.Column("ts_ns", sa.BigInteger, nullable=False),
+    sa.Column("value", sa.Float, nullable=False),
+)
+
+reports = sa.Table(
+    "reports",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("job", sa.Text),
+    sa.Column("user_name", sa.Text),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("category", sa.Text, nullable=False),
+    sa.Column("signature", sa.Text),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("root_host", sa.Text),
+    sa.Column("root_rank", sa.Integer),
+    sa.Column("hosts", sa.Text, nullable=False),  # JSON list
+    sa.Column("ranks", sa.Text, nullable=False),  # JSON list
+    sa.Column("scheduler", sa.Text, nullable=False),  # JSON object of scheduler ids
+    sa.Column("ended_ns", sa.BigInteger, nullable=False),
+    sa.Column("received_ns", sa.BigInteger, nullable=False),
+    sa.Column("correlated", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("diagnosis", sa.Text, nullable=False),  # the denpex.diagnosis/v1 JSON
+)
+
+report_hosts = sa.Table(
+    "report_hosts",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, primary_key=True),
+    sa.Column("report_id", sa.Text, primary_key=True),
+    sa.Column("ended_ns", sa.BigInteger, nullable=False),
+)
+
+incidents = sa.Table(
+    "incidents",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("dedupe_key", sa.Text, nullable=False),
+    sa.Column("rule", sa.Text, nullable=False),
+    sa.Column("category", sa.Text, nullable=False),
+    sa.Column("component_kind", sa.Text, nullable=False),
+    sa.Column("component_id", sa.Text, nullable=False),
+    sa.Column("title", sa.Text, nullable=False),
+    sa.Column("explanation", sa.Text, nullable=False),
+    sa.Column("confidence", sa.Float, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),  # open | acknowledged | resolved
+    sa.Column("first_ns", sa.BigInteger, nullable=False),
+    sa.Column("last_ns", sa.BigInteger, nullable=False),
+    sa.Column("opened_ns", sa.BigInteger, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+    sa.Column("acknowledged_by", sa.Text),
+    sa.Column("acknowledged_ns", sa.BigInteger),
+    sa.Column("resolved_by", sa.Text),
+    sa.Column("resolved_ns", sa.BigInteger),
+    sa.Column("epoch", sa.BigInteger, nullable=False),  # the leader epoch that wrote it
+)
+
+incident_links = sa.Table(
+    "incident_links",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("incident_id", sa.BigInteger, primary_key=True),
+    sa.Column("kind", sa.Text, primary_key=True),  # evidence | job | host | report
+    sa.Column("ref", sa.Text, primary_key=True),
+)
+
+leader = sa.Table(
+    "leader",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+    sa.Column("holder", sa.Text, nullable=False),
+    sa.Column("renewed_ns", sa.BigInteger, nullable=False),
+)
+
+TENANT_TABLES = (
+    "evidence",
+    "hosts",
+    "host_metrics",
+    "reports",
+    "report_hosts",
+    "incidents",
+    "incident_links",
+)

@@ -1,0 +1,170 @@
+"""`denpex server` at run time: the Runtime (store, token cache, quotas, leadership, self-
+metrics), the leader loop thread (correlation, retention, partitions) and uvicorn.
+
+Replicas share nothing but the database: any replica ingests and answers; the loop's work
+happens only on the leader and only behind its epoch fence. It must never keep acting as
+leader after a refused write, and never exit with the loop thread still writing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from denpex.control.correlation import correlate_tenant
+from denpex.control.db import Database
+from denpex.control.leader import Leadership
+from denpex.control.quotas import QuotaPolicy, Quotas
+from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
+from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.store import Fenced, Store
+from denpex.enterprise import TokenRecord
+
+log = logging.getLogger("denpex.server")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    url: str
+    host: str = "127.0.0.1"
+    port: int = 9479
+    lease_s: float = 10.0
+    loop_interval_s: float = 1.0
+    retention_interval_s: float = 3600.0
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    quotas: QuotaPolicy = field(default_factory=QuotaPolicy)
+    token_cache_s: float = 5.0
+
+
+class CachedTokens:
+    """The TokenDirectory denpex.enterprise reads, with a short cache (a revoked token is
+    refused within `ttl_s`)."""
+
+    def __init__(self, store: Store, ttl_s: float) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[float, TokenRecord | None]] = {}
+        self._lock = threading.Lock()
+
+    def find_token(self, token_id: str) -> TokenRecord | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(token_id)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        record = self.store.find_token(token_id)
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[token_id] = (now, record)
+        return record
+
+
+class Runtime:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.db = Database(options.url)
+        self.schema_revision = self.db.migrate()
+        self.store = Store(self.db)
+        self.metrics = ServerMetrics()
+        self.tokens = CachedTokens(self.store, options.token_cache_s)
+        self.quotas = Quotas(options.quotas)
+        self.leadership = Leadership(self.db, lease_s=options.lease_s)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_retention = 0.0
+
+    # --- the leader loop -------------------------------------------------------------------
+
+    def start_loop(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
+        self._thread.start()
+
+    def stop_loop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.leadership.step_down()
+        self.db.dispose()
+
+    def wake_leader(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick(time.time_ns())
+            except Exception:
+                self.metrics.loop_errors.inc()
+                log.exception("leader loop pass failed")
+            self._wake.wait(self.options.loop_interval_s)
+            self._wake.clear()
+
+    def tick(self, now_ns: int) -> None:
+        """One pass: become leader if possible, do the leader's work (fenced), renew."""
+        lead = self.leadership
+        was = lead.state.leader
+        if not lead.try_acquire(now_ns):
+            self._publish()
+            return
+        if not was:
+            log.warning("leading the correlation loop at epoch %d", lead.state.epoch)
+            ensure_partitions(self.db, now_ns - 86_400 * 10**9, now_ns + 3 * 86_400 * 10**9)
+        try:
+            for tenant in self.store.tenants():
+                written = correlate_tenant(self.store.for_leader(tenant, lead.fence), now_ns)
+                self.metrics.incidents.inc(written)
+            if time.monotonic() >= self._next_retention:
+                self._next_retention = time.monotonic() + self.options.retention_interval_s
+                apply_retention(
+                    self.store,
+                    lambda t: self.store.for_leader(t, lead.fence),
+                    self.options.retention,
+                    now_ns,
+                )
+        except Fenced as exc:
+            self.metrics.fenced.inc()
+            lead.note_fenced()
+            log.warning("no longer leader: %s", exc)
+        else:
+            fenced_before = lead.state.fenced
+            if not lead.renew(time.time_ns()):
+                if lead.state.fenced > fenced_before:
+                    self.metrics.fenced.inc()
+                log.warning("no longer leader: the lease could not be renewed")
+        self._publish()
+
+    def _publish(self) -> None:
+        state = self.leadership.state
+        self.metrics.leader.set(1 if state.leader else 0)
+        self.metrics.epoch.set(state.epoch)
+
+
+def serve(options: ServerOptions) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the exit status."""
+    import uvicorn
+
+    from denpex.control.api import create_app
+
+    runtime = Runtime(options)
+    app = create_app(runtime)
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    runtime.start_loop()
+    try:
+        server.run()
+    finally:
+        runtime.stop_loop()
+    return 0 if server.started else 1

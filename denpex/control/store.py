@@ -1,0 +1,756 @@
+"""The store's API: `Store` holds the database; tenant data is reached only through a
+TenantStore, obtained from an authenticated Principal (`Store.scoped`) or, for the leader's
+loops, for one named tenant behind the epoch fence (`Store.for_leader`).
+
+Every query of a TenantStore filters by its tenant, and runs in a transaction bound to that
+tenant (PostgreSQL's row-level security filters again). Each write is one transaction: a
+failure stores nothing. It must never build SQL from request text (parameters only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from denpex.control import schema as s
+from denpex.control.db import Database
+from denpex.control.ingest import LogBatch, Report
+from denpex.control.timefmt import iso
+from denpex.core import jsonio
+from denpex.enterprise import Principal, TokenRecord, is_authentic
+
+_EVIDENCE_COLUMNS = [c.name for c in s.evidence.columns]
+_STATUSES = ("open", "acknowledged", "resolved")
+
+
+class Fenced(RuntimeError):
+    """A leader's write refused: another replica holds a newer epoch."""
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(RuntimeError):
+    """A lifecycle step that does not apply (resolving a resolved incident)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    name: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+class Store:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        params = ", ".join(["?" if not db.postgres else "%s"] * len(_EVIDENCE_COLUMNS))
+        columns = ", ".join(_EVIDENCE_COLUMNS)
+        if db.postgres:
+            self._insert_evidence = (
+                f"INSERT INTO evidence ({columns}) VALUES ({params}) ON CONFLICT DO NOTHING"
+            )
+            self._upsert_host = (
+                "INSERT INTO hosts (tenant, name, first_ns, last_ns) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (tenant, name) DO UPDATE SET "
+                "first_ns = LEAST(hosts.first_ns, excluded.first_ns), "
+                "last_ns = GREATEST(hosts.last_ns, excluded.last_ns)"
+            )
+            self._upsert_metric = (
+                "INSERT INTO host_metrics (tenant, host, name, labels, ts_ns, value) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (tenant, host, name, labels) "
+                "DO UPDATE SET ts_ns = excluded.ts_ns, value = excluded.value "
+                "WHERE excluded.ts_ns >= host_metrics.ts_ns"
+            )
+        else:
+            self._insert_evidence = f"INSERT OR IGNORE INTO evidence ({columns}) VALUES ({params})"
+            self._upsert_host = (
+                "INSERT INTO hosts (tenant, name, first_ns, last_ns) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (tenant, name) DO UPDATE SET "
+                "first_ns = min(first_ns, excluded.first_ns), "
+                "last_ns = max(last_ns, excluded.last_ns)"
+            )
+            self._upsert_metric = (
+                "INSERT INTO host_metrics (tenant, host, name, labels, ts_ns, value) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, host, name, labels) "
+                "DO UPDATE SET ts_ns = excluded.ts_ns, value = excluded.value "
+                "WHERE excluded.ts_ns >= host_metrics.ts_ns"
+            )
+
+    # --- handles -------------------------------------------------------------------------
+
+    def scoped(self, principal: Principal) -> TenantStore:
+        """The tenant store of an authenticated principal (and of no one else)."""
+        if not is_authentic(principal):
+            raise PermissionError("a tenant store needs a Principal from denpex.enterprise")
+        return TenantStore(self, principal.tenant, None)
+
+    def for_leader(self, tenant: str, fence: Fence) -> TenantStore:
+        """The leader loop's handle on one tenant: every write first checks `fence`."""
+        return TenantStore(self, tenant, fence)
+
+    # --- tables without a tenant ---------------------------------------------------------
+
+    def find_token(self, token_id: str) -> TokenRecord | None:
+        with self.db.system_tx() as conn:
+            row = conn.execute(sa.select(s.tokens).where(s.tokens.c.token_id == token_id)).first()
+        if row is None:
+            return None
+        return TokenRecord(
+            row.token_id, row.tenant, row.role, row.secret_hash, row.revoked_ns is not None
+        )
+
+    def add_token(
+        self, token_id: str, tenant: str, role: str, secret_hash: str, now_ns: int, note: str = ""
+    ) -> None:
+        with self.db.system_tx(write=True) as conn:
+            self._ensure_tenant(conn, tenant, now_ns)
+            conn.execute(
+                s.tokens.insert().values(
+                    token_id=token_id,
+                    tenant=tenant,
+                    role=role,
+                    secret_hash=secret_hash,
+                    created_ns=now_ns,
+                    note=note,
+                )
+            )
+
+    def revoke_token(self, token_id: str, now_ns: int) -> bool:
+        with self.db.system_tx(write=True) as conn:
+            result = conn.execute(
+                s.tokens.update()
+                .where(s.tokens.c.token_id == token_id, s.tokens.c.revoked_ns.is_(None))
+                .values(revoked_ns=now_ns)
+            )
+            return bool(result.rowcount)
+
+    def _ensure_tenant(self, conn: Connection, tenant: str, now_ns: int) -> None:
+        exists = conn.execute(sa.select(s.tenants.c.name).where(s.tenants.c.name == tenant)).first()
+        if exists is None:
+            conn.execute(s.tenants.insert().values(name=tenant, created_ns=now_ns))
+
+    def tenants(self) -> list[str]:
+        with self.db.system_tx() as conn:
+            return list(conn.execute(sa.select(s.tenants.c.name).order_by("name")).scalars())
+
+
+class TenantStore:
+    """Everything one tenant's requests (or the leader, for that tenant) can read or write."""
+
+    def __init__(self, store: Store, tenant: str, fence: Fence | None) -> None:
+        self._store = store
+        self._db = store.db
+        self.tenant = tenant
+        self._fence = fence
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        with self._db.tenant_tx(self.tenant, write=True) as conn:
+            if self._fence is not None:
+                check_fence(conn, self._fence, postgres=self._db.postgres)
+            yield conn
+
+    def _read(self) -> Any:
+        return self._db.tenant_tx(self.tenant)
+
+    # --- ingest ----------------------------------------------------------------------------
+
+    def add_evidence(self, batch: LogBatch) -> int:
+        """Store a batch in one transaction; returns how many rows were new (the others were
+        already stored under their event id: a redelivery)."""
+        with self._write() as conn:
+            return self._insert_batch(conn, batch)
+
+    def _insert_batch(self, conn: Connection, batch: LogBatch) -> int:
+        for row in batch.rows:
+            if row[0] != self.tenant:
+                raise PermissionError("a row of another tenant in this tenant's batch")
+        inserted = 0
+        if batch.rows:
+            inserted = conn.exec_driver_sql(self._store._insert_evidence, batch.rows).rowcount
+        if batch.hosts:
+            conn.exec_driver_sql(
+                self._store._upsert_host,
+                [(self.tenant, h, first, last) for h, (first, last) in sorted(batch.hosts.items())],
+            )
+        return int(inserted)
+
+    def add_metrics(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        latest: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        for row in rows:
+            if row[0] != self.tenant:
+                raise PermissionError("a row of another tenant in this tenant's batch")
+            key = row[:4]
+            if key not in latest or latest[key][4] <= row[4]:
+                latest[key] = row
+        if latest:
+            with self._write() as conn:
+                conn.exec_driver_sql(self._store._upsert_metric, list(latest.values()))
+        return len(latest)
+
+    def add_report(self, report: Report, received_ns: int) -> bool:
+        """Store a report and its evidence in one transaction; False when its id is stored."""
+        diagnosis = report.diagnosis
+        root = diagnosis.get("root_cause") or {}
+        with self._write() as conn:
+            exists = conn.execute(
+                sa.select(s.reports.c.id).where(
+                    s.reports.c.tenant == self.tenant, s.reports.c.id == report.id
+                )
+            ).first()
+            if exists is not None:
+                return False
+            conn.execute(
+                s.reports.insert().values(
+                    tenant=self.tenant,
+                    id=report.id,
+                    job=report.job,
+                    user_name=report.user,
+                    status=diagnosis["status"],
+                    category=root.get("category") or "unknown",
+                    signature=root.get("signature"),
+                    confidence=float(root.get("confidence") or 0.0),
+                    root_host=root.get("host"),
+                    root_rank=root.get("rank"),
+                    hosts=jsonio.dumps(report.hosts).decode(),
+                    ranks=jsonio.dumps(report.ranks).decode(),
+                    scheduler=jsonio.dumps(report.scheduler).decode(),
+                    ended_ns=report.ended_ns,
+                    received_ns=received_ns,
+                    diagnosis=jsonio.dumps(diagnosis).decode(),
+                )
+            )
+            if report.hosts:
+                conn.execute(
+                    s.report_hosts.insert(),
+                    [
+                        {
+                            "tenant": self.tenant,
+                            "host": h,
+                            "report_id": report.id,
+                            "ended_ns": report.ended_ns,
+                        }
+                        for h in report.hosts
+                    ],
+                )
+            self._insert_batch(conn, report.evidence)
+        return True
+
+    # --- evidence --------------------------------------------------------------------------
+
+    def evidence(self, evidence_id: str) -> dict[str, Any]:
+        t = s.evidence
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(t).where(t.c.tenant == self.tenant, t.c.id == evidence_id)
+            ).first()
+        if row is None:
+            raise NotFound(f"no evidence {evidence_id!r}")
+        return evidence_dict(row)
+
+    def list_evidence(
+        self,
+        *,
+        host: str | None = None,
+        job: str | None = None,
+        category: str | None = None,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        cursor: tuple[Any, ...] | None = None,
+    ) -> Page:
+        t = s.evidence
+        query = sa.select(t).where(t.c.tenant == self.tenant)
+        query = _filters(query, t, host=host, job=job, category=category)
+        query = _time(query, t.c.ts_ns, since, until)
+        if cursor is not None:
+            query = query.where(sa.tuple_(t.c.ts_ns, t.c.id) < tuple(cursor))
+        query = query.order_by(t.c.ts_ns.desc(), t.c.id.desc()).limit(limit + 1)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return _page([evidence_dict(r) for r in rows], limit, ("ts_ns", "id"))
+
+    # --- hosts -----------------------------------------------------------------------------
+
+    def hosts(self, *, limit: int = 100, cursor: tuple[Any, ...] | None = None) -> Page:
+        t = s.hosts
+        query = sa.select(t).where(t.c.tenant == self.tenant)
+        if cursor is not None:
+            query = query.where(t.c.name > cursor[0])
+        query = query.order_by(t.c.name).limit(limit + 1)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        items = [{"name": r.name, "first_ns": r.first_ns, "last_ns": r.last_ns} for r in rows]
+        return _page(items, limit, ("name",))
+
+    def host(self, name: str, *, since: int | None, until: int | None, limit: int) -> dict:
+        """A host's history: its newest evidence, the incidents and jobs that name it."""
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(s.hosts).where(s.hosts.c.tenant == self.tenant, s.hosts.c.name == name)
+            ).first()
+            if row is None:
+                raise NotFound(f"no host {name!r}")
+            ev = s.evidence
+            query = sa.select(ev).where(ev.c.tenant == self.tenant, ev.c.host == name)
+            query = _time(query, ev.c.ts_ns, since, until)
+            evidence = conn.execute(
+                query.order_by(ev.c.ts_ns.desc(), ev.c.id.desc()).limit(limit)
+            ).all()
+            links = s.incident_links
+            incident_ids = (
+                sa.select(links.c.incident_id)
+                .where(links.c.tenant == self.tenant, links.c.kind == "host", links.c.ref == name)
+                .scalar_subquery()
+            )
+            inc = s.incidents
+            incidents = conn.execute(
+                sa.select(inc)
+                .where(inc.c.tenant == self.tenant, inc.c.id.in_(incident_ids))
+                .order_by(inc.c.last_ns.desc(), inc.c.id.desc())
+                .limit(limit)
+            ).all()
+            rh = s.report_hosts
+            jobs = conn.execute(
+                sa.select(s.reports)
+                .join(
+                    rh, sa.and_(rh.c.tenant == s.reports.c.tenant, rh.c.report_id == s.reports.c.id)
+                )
+                .where(rh.c.tenant == self.tenant, rh.c.host == name)
+                .order_by(rh.c.ended_ns.desc())
+                .limit(limit)
+            ).all()
+            metrics = conn.execute(
+                sa.select(s.host_metrics)
+                .where(s.host_metrics.c.tenant == self.tenant, s.host_metrics.c.host == name)
+                .order_by(s.host_metrics.c.name, s.host_metrics.c.labels)
+                .limit(1000)
+            ).all()
+        return {
+            "name": row.name,
+            "first_ns": row.first_ns,
+            "last_ns": row.last_ns,
+            "evidence": [evidence_dict(r) for r in evidence],
+            "incidents": [incident_dict(r, None) for r in incidents],
+            "jobs": [report_dict(r, full=False) for r in jobs],
+            "metrics": [
+                {
+                    "name": m.name,
+                    "labels": jsonio.loads(m.labels),
+                    "ts_ns": m.ts_ns,
+                    "value": m.value,
+                }
+                for m in metrics
+            ],
+        }
+
+    # --- jobs (reports) ----------------------------------------------------------------------
+
+    def jobs(
+        self,
+        *,
+        job: str | None = None,
+        user: str | None = None,
+        category: str | None = None,
+        host: str | None = None,
+        status: str | None = None,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        cursor: tuple[Any, ...] | None = None,
+    ) -> Page:
+        r = s.reports
+        query = sa.select(r).where(r.c.tenant == self.tenant)
+        if job is not None:
+            query = query.where(r.c.job == job)
+        if user is not None:
+            query = query.where(r.c.user_name == user)
+        if category is not None:
+            query = query.where(r.c.category == category)
+        if status is not None:
+            query = query.where(r.c.status == status)
+        if host is not None:
+            rh = s.report_hosts
+            query = query.where(
+                r.c.id.in_(
+                    sa.select(rh.c.report_id).where(rh.c.tenant == self.tenant, rh.c.host == host)
+                )
+            )
+        query = _time(query, r.c.ended_ns, since, until)
+        if cursor is not None:
+            query = query.where(sa.tuple_(r.c.ended_ns, r.c.id) < tuple(cursor))
+        query = query.order_by(r.c.ended_ns.desc(), r.c.id.desc()).limit(limit + 1)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return _page([report_dict(row, full=False) for row in rows], limit, ("ended_ns", "id"))
+
+    def report(self, report_id: str) -> dict[str, Any]:
+        r = s.reports
+        with self._read() as conn:
+            row = conn.execute(
+                sa.select(r).where(r.c.tenant == self.tenant, r.c.id == report_id)
+            ).first()
+        if row is None:
+            raise NotFound(f"no report {report_id!r}")
+        return report_dict(row, full=True)
+
+    def job(self, job: str) -> dict[str, Any]:
+        r = s.reports
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(r)
+                .where(r.c.tenant == self.tenant, r.c.job == job)
+                .order_by(r.c.ended_ns.desc())
+                .limit(100)
+            ).all()
+        if not rows:
+            raise NotFound(f"no job {job!r}")
+        return {"job": job, "reports": [report_dict(row, full=True) for row in rows]}
+
+    # --- incidents -------------------------------------------------------------------------
+
+    def incidents(
+        self,
+        *,
+        status: str | None = None,
+        host: str | None = None,
+        job: str | None = None,
+        category: str | None = None,
+        since: int | None = None,
+        until: int | None = None,
+        limit: int = 100,
+        cursor: tuple[Any, ...] | None = None,
+    ) -> Page:
+        inc = s.incidents
+        query = sa.select(inc).where(inc.c.tenant == self.tenant)
+        if status is not None:
+            query = query.where(inc.c.status == status)
+        if category is not None:
+            query = query.where(inc.c.category == category)
+        links = s.incident_links
+        for kind, ref in (("host", host), ("job", job)):
+            if ref is not None:
+                query = query.where(
+                    inc.c.id.in_(
+                        sa.select(links.c.incident_id).where(
+                            links.c.tenant == self.tenant, links.c.kind == kind, links.c.ref == ref
+                        )
+                    )
+                )
+        query = _time(query, inc.c.last_ns, since, until)
+        if cursor is not None:
+            query = query.where(sa.tuple_(inc.c.last_ns, inc.c.id) < tuple(cursor))
+        query = query.order_by(inc.c.last_ns.desc(), inc.c.id.desc()).limit(limit + 1)
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return _page([incident_dict(r, None) for r in rows], limit, ("last_ns", "id"))
+
+    def incident(self, incident_id: int) -> dict[str, Any]:
+        with self._read() as conn:
+            return self._incident(conn, incident_id)
+
+    def _incident(self, conn: Connection, incident_id: int) -> dict[str, Any]:
+        inc = s.incidents
+        row = conn.execute(
+            sa.select(inc).where(inc.c.tenant == self.tenant, inc.c.id == incident_id)
+        ).first()
+        if row is None:
+            raise NotFound(f"no incident {incident_id}")
+        links = s.incident_links
+        refs: dict[str, list[str]] = {"evidence": [], "job": [], "host": [], "report": []}
+        for kind, ref in conn.execute(
+            sa.select(links.c.kind, links.c.ref)
+            .where(links.c.tenant == self.tenant, links.c.incident_id == incident_id)
+            .order_by(links.c.kind, links.c.ref)
+        ):
+            refs.setdefault(kind, []).append(ref)
+        return incident_dict(row, refs)
+
+    def transition(self, incident_id: int, to: str, who: str, now_ns: int) -> dict[str, Any]:
+        """open → acknowledged → resolved (resolving an open one directly is allowed)."""
+        allowed = {"acknowledged": ("open",), "resolved": ("open", "acknowledged")}
+        if to not in allowed:
+            raise ValueError(f"no transition to {to!r}")
+        inc = s.incidents
+        with self._write() as conn:
+            current = self._incident(conn, incident_id)
+            if current["status"] not in allowed[to]:
+                raise Conflict(f"incident {incident_id} is {current['status']}, cannot be {to}")
+            by, at = (
+                ("acknowledged_by", "acknowledged_ns")
+                if to == "acknowledged"
+                else (
+                    "resolved_by",
+                    "resolved_ns",
+                )
+            )
+            conn.execute(
+                inc.update()
+                .where(inc.c.tenant == self.tenant, inc.c.id == incident_id)
+                .values({"status": to, by: who, at: now_ns, "updated_ns": now_ns})
+            )
+            return self._incident(conn, incident_id)
+
+    # --- the leader's writes (behind the fence) -----------------------------------------------
+
+    def pending_reports(self, limit: int) -> list[dict[str, Any]]:
+        r = s.reports
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(r)
+                .where(r.c.tenant == self.tenant, r.c.correlated == 0)
+                .order_by(r.c.received_ns, r.c.id)
+                .limit(limit)
+            ).all()
+        return [report_dict(row, full=True) for row in rows]
+
+    def record_incidents(
+        self, candidates: Sequence[dict[str, Any]], done_reports: Sequence[str], now_ns: int
+    ) -> list[int]:
+        """Open (or grow) incidents and mark reports correlated, in one fenced transaction.
+        A candidate whose dedupe_key names an open incident adds its links to that one."""
+        if self._fence is None:
+            raise PermissionError("incidents are written by the leader, behind its fence")
+        inc, links = s.incidents, s.incident_links
+        ids: list[int] = []
+        with self._write() as conn:
+            for cand in candidates:
+                row = conn.execute(
+                    sa.select(inc.c.id, inc.c.first_ns, inc.c.last_ns).where(
+                        inc.c.tenant == self.tenant, inc.c.dedupe_key == cand["dedupe_key"]
+                    )
+                ).first()
+                if row is None:
+                    incident_id = conn.execute(
+                        inc.insert()
+                        .values(
+                            tenant=self.tenant,
+                            dedupe_key=cand["dedupe_key"],
+                            rule=cand["rule"],
+                            category=cand["category"],
+                            component_kind=cand["component_kind"],
+                            component_id=cand["component_id"],
+                            title=cand["title"],
+                            explanation=cand["explanation"],
+                            confidence=float(cand["confidence"]),
+                            status="open",
+                            first_ns=cand["first_ns"],
+                            last_ns=cand["last_ns"],
+                            opened_ns=now_ns,
+                            updated_ns=now_ns,
+                            epoch=self._fence.epoch,
+                        )
+                        .returning(inc.c.id)
+                    ).scalar_one()
+                else:
+                    incident_id = row.id
+                    conn.execute(
+                        inc.update()
+                        .where(inc.c.tenant == self.tenant, inc.c.id == incident_id)
+                        .values(
+                            first_ns=min(row.first_ns, cand["first_ns"]),
+                            last_ns=max(row.last_ns, cand["last_ns"]),
+                            updated_ns=now_ns,
+                            epoch=self._fence.epoch,
+                        )
+                    )
+                existing = set(
+                    conn.execute(
+                        sa.select(links.c.kind, links.c.ref).where(
+                            links.c.tenant == self.tenant, links.c.incident_id == incident_id
+                        )
+                    ).tuples()
+                )
+                new = sorted(
+                    {(kind, ref) for kind, refs in cand["links"].items() for ref in refs} - existing
+                )
+                if new:
+                    conn.execute(
+                        links.insert(),
+                        [
+                            {"tenant": self.tenant, "incident_id": incident_id, "kind": k, "ref": r}
+                            for k, r in new
+                        ],
+                    )
+                ids.append(int(incident_id))
+            if done_reports:
+                r = s.reports
+                conn.execute(
+                    r.update()
+                    .where(r.c.tenant == self.tenant, r.c.id.in_(list(done_reports)))
+                    .values(correlated=1)
+                )
+        return ids
+
+    def delete_evidence_before(self, cutoff_ns: int) -> int:
+        """Retention by age (the leader's, fenced): evidence older than `cutoff_ns`."""
+        ev = s.evidence
+        with self._write() as conn:
+            old = sa.or_(
+                sa.and_(ev.c.ts_ns > 0, ev.c.ts_ns < cutoff_ns),
+                sa.and_(ev.c.ts_ns == 0, ev.c.received_ns < cutoff_ns),  # no time of its own
+            )
+            result = conn.execute(ev.delete().where(ev.c.tenant == self.tenant, old))
+            return int(result.rowcount)
+
+    def trim_evidence(self, max_rows: int) -> int:
+        """Retention by size: keep the newest `max_rows` evidence rows of this tenant."""
+        ev = s.evidence
+        with self._write() as conn:
+            boundary = conn.execute(
+                sa.select(ev.c.ts_ns, ev.c.id)
+                .where(ev.c.tenant == self.tenant)
+                .order_by(ev.c.ts_ns.desc(), ev.c.id.desc())
+                .offset(max_rows)
+                .limit(1)
+            ).first()
+            if boundary is None:
+                return 0
+            result = conn.execute(
+                ev.delete().where(
+                    ev.c.tenant == self.tenant,
+                    sa.tuple_(ev.c.ts_ns, ev.c.id) <= (boundary.ts_ns, boundary.id),
+                )
+            )
+            return int(result.rowcount)
+
+
+def check_fence(conn: Connection, fence: Fence, *, postgres: bool) -> None:
+    """Raise Fenced unless `fence` is the current epoch; the row lock (PostgreSQL) holds a
+    newer leader's epoch bump back until this transaction ends."""
+    query = sa.select(s.leader.c.epoch).where(s.leader.c.name == fence.name)
+    if postgres:
+        query = query.with_for_update(read=True, key_share=True)
+    epoch = conn.execute(query).scalar()
+    if epoch != fence.epoch:
+        raise Fenced(f"leader epoch {fence.epoch} superseded by {epoch}")
+
+
+# --- rows → JSON-able dicts -------------------------------------------------------------------
+
+
+def evidence_dict(row: Any) -> dict[str, Any]:
+    extra = jsonio.loads(row.attrs)
+    return {
+        "id": row.id,
+        "ts_ns": row.ts_ns,  # 0: the source gave no time
+        "ts": iso(row.ts_ns),
+        "received_ns": row.received_ns,
+        "host": row.host,
+        "job": row.job,
+        "rank": row.rank,
+        "pid": row.pid,
+        "source": row.source,
+        "kind": row.kind,
+        "signature": row.signature,
+        "category": row.category,
+        "severity": row.severity,
+        "summary": row.summary,
+        "action": row.action,
+        "body": row.body,
+        "attrs": extra.get("attrs", {}),
+        "captures": extra.get("captures", {}),
+    }
+
+
+def report_dict(row: Any, *, full: bool) -> dict[str, Any]:
+    out = {
+        "id": row.id,
+        "job": row.job,
+        "user": row.user_name,
+        "status": row.status,
+        "category": row.category,
+        "signature": row.signature,
+        "confidence": row.confidence,
+        "host": row.root_host,
+        "rank": row.root_rank,
+        "hosts": jsonio.loads(row.hosts),
+        "ranks": jsonio.loads(row.ranks),
+        "scheduler": jsonio.loads(row.scheduler),
+        "ended_ns": row.ended_ns,
+        "received_ns": row.received_ns,
+    }
+    if full:
+        out["diagnosis"] = jsonio.loads(row.diagnosis)
+    return out
+
+
+def incident_dict(row: Any, links: dict[str, list[str]] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": row.id,
+        "rule": row.rule,
+        "category": row.category,
+        "component": {"kind": row.component_kind, "id": row.component_id},
+        "title": row.title,
+        "explanation": row.explanation,
+        "confidence": row.confidence,
+        "status": row.status,
+        "first_ns": row.first_ns,
+        "last_ns": row.last_ns,
+        "opened_ns": row.opened_ns,
+        "updated_ns": row.updated_ns,
+        "acknowledged": {"by": row.acknowledged_by, "ns": row.acknowledged_ns},
+        "resolved": {"by": row.resolved_by, "ns": row.resolved_ns},
+    }
+    if links is not None:
+        out["evidence"] = links.get("evidence", [])
+        out["jobs"] = links.get("job", [])
+        out["hosts"] = links.get("host", [])
+        out["reports"] = links.get("report", [])
+    return out
+
+
+def _filters(query: Any, table: sa.Table, **equal: str | None) -> Any:
+    for column, value in equal.items():
+        if value is not None:
+            query = query.where(table.c[column] == value)
+    return query
+
+
+def _time(query: Any, column: Any, since: int | None, until: int | None) -> Any:
+    if since is not None:
+        query = query.where(column >= since)
+    if until is not None:
+        query = query.where(column < until)
+    return query
+
+
+def _page(items: list[dict[str, Any]], limit: int, keys: tuple[str, ...]) -> Page:
+    if len(items) <= limit:
+        return Page(items, None)
+    items = items[:limit]
+    last = items[-1]
+    return Page(items, encode_cursor(tuple(last[k] for k in keys)))
+
+
+def encode_cursor(values: tuple[Any, ...]) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(jsonio.dumps(list(values))).decode().rstrip("=")
+
+
+def decode_cursor(text: str, arity: int) -> tuple[Any, ...]:
+    """A cursor from encode_cursor; ValueError for anything else."""
+    import base64
+
+    try:
+        values = jsonio.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (ValueError, TypeError):
+        raise ValueError("cursor is not one this server gave out") from None
+    if not isinstance(values, list) or len(values) != arity:
+        raise ValueError("cursor is not one this server gave out")
+    if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in values):
+        raise ValueError("cursor is not one this server gave out")
+    return tuple(values)

@@ -1,0 +1,91 @@
+"""Authentication and authorisation of one request: `authenticate(headers, directory)` gives
+the Principal (tenant, role, token id) or raises AuthError; `authorize(principal, action)`
+raises unless the role allows the action. The control plane does both, in this order,
+before it touches any tenant's data, and obtains its storage handle from the Principal.
+
+It must never return a Principal for a request it could not tie to exactly one tenant, and
+never say which part of a bad token was wrong (a 401 is a 401).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from denpex.enterprise.roles import actions_of
+from denpex.enterprise.tokens import parse_token, secret_matches
+
+_SEAL = object()  # only this module builds Principals that is_authentic() accepts
+
+
+class AuthError(Exception):
+    """A request refused: `status` is 401 (who are you?) or 403 (not allowed)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """What the store keeps of a token (never the secret)."""
+
+    token_id: str
+    tenant: str
+    role: str
+    secret_hash: str
+    revoked: bool = False
+
+
+class TokenDirectory(Protocol):
+    def find_token(self, token_id: str) -> TokenRecord | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is asking: bound to one tenant and one role."""
+
+    tenant: str
+    role: str
+    token_id: str
+    _seal: object = field(default=None, repr=False, compare=False)
+
+    def may(self, action: str) -> bool:
+        return action in actions_of(self.role)
+
+
+def is_authentic(principal: object) -> bool:
+    """Whether `principal` came out of authenticate() (storage handles check this)."""
+    return isinstance(principal, Principal) and principal._seal is _SEAL
+
+
+def bearer_token(headers: Mapping[str, str]) -> str:
+    value = headers.get("authorization") or headers.get("Authorization") or ""
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthError(401, "missing bearer token: send 'Authorization: Bearer <token>'")
+    return token.strip()
+
+
+def authenticate(headers: Mapping[str, str], directory: TokenDirectory) -> Principal:
+    """The Principal of a request carrying `Authorization: Bearer dpx_…`, else AuthError 401."""
+    parsed = parse_token(bearer_token(headers))
+    if parsed is None:
+        raise AuthError(401, "invalid bearer token")
+    token_id, secret = parsed
+    record = directory.find_token(token_id)
+    if record is None or record.revoked or not secret_matches(secret, record.secret_hash):
+        raise AuthError(401, "invalid bearer token")
+    if not record.tenant or not actions_of(record.role):
+        raise AuthError(401, "invalid bearer token")
+    return Principal(record.tenant, record.role, record.token_id, _SEAL)
+
+
+def authorize(principal: Principal, action: str) -> None:
+    """Raise AuthError 403 unless `principal`'s role allows `action`."""
+    if not is_authentic(principal):
+        raise AuthError(401, "unauthenticated")
+    if not principal.may(action):
+        raise AuthError(403, f"role {principal.role!r} may not {action}")
