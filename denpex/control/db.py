@@ -12,7 +12,7 @@ It must never hand out a connection on which tenant data is visible without a te
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -125,11 +125,20 @@ class Database:
                 yield conn
 
     @contextmanager
-    def tenant_tx(self, tenant: str, *, write: bool = False) -> Iterator[Connection]:
-        """One transaction bound to `tenant` (commit on success, rollback on any error)."""
+    def tenant_tx(
+        self,
+        tenant: str,
+        *,
+        write: bool = False,
+        prelude: Callable[[Connection], None] | None = None,
+    ) -> Iterator[Connection]:
+        """One transaction bound to `tenant` (commit on success, rollback on any error).
+        `prelude` runs first, as the connecting role (the leader's fence check)."""
         if not tenant:
             raise ValueError("a tenant transaction needs a tenant")
         with self._begin(write) as conn:
+            if prelude is not None:
+                prelude(conn)
             if self.postgres:
                 conn.exec_driver_sql(f"SET LOCAL ROLE {TENANT_ROLE}")
                 conn.execute(

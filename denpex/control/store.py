@@ -157,9 +157,9 @@ class TenantStore:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self._db.tenant_tx(self.tenant, write=True) as conn:
-            if self._fence is not None:
-                check_fence(conn, self._fence, postgres=self._db.postgres)
+        fence, postgres = self._fence, self._db.postgres
+        prelude = None if fence is None else lambda c: check_fence(c, fence, postgres=postgres)
+        with self._db.tenant_tx(self.tenant, write=True, prelude=prelude) as conn:
             yield conn
 
     def _read(self) -> Any:
@@ -566,13 +566,14 @@ class TenantStore:
                             epoch=self._fence.epoch,
                         )
                     )
-                existing = set(
-                    conn.execute(
+                existing = {
+                    (kind, ref)
+                    for kind, ref in conn.execute(
                         sa.select(links.c.kind, links.c.ref).where(
                             links.c.tenant == self.tenant, links.c.incident_id == incident_id
                         )
-                    ).tuples()
-                )
+                    )
+                }
                 new = sorted(
                     {(kind, ref) for kind, refs in cand["links"].items() for ref in refs} - existing
                 )

@@ -187,7 +187,6 @@ def upgrade() -> None:
     )
     if postgres:
         _row_level_security()
-        op.execute(f"GRANT SELECT ON leader TO {TENANT_ROLE}")
 
 
 def _row_level_security() -> None:
