@@ -48,8 +48,16 @@ def logs_body(items: list[Evidence], protocol: str = "http/protobuf") -> bytes:
 
 
 def metrics_body(host: str = "node1", value: float = 0.25) -> bytes:
-    events = [metric("psi_some_avg10_ratio", value, source="psi", labels={"resource": "cpu"},
-                     host=host, ts_ns=T0)]
+    events = [
+        metric(
+            "psi_some_avg10_ratio",
+            value,
+            source="psi",
+            labels={"resource": "cpu"},
+            host=host,
+            ts_ns=T0,
+        )
+    ]
     return serialise(encode_metrics(events, now_ns=T0), "http/protobuf")
 
 
@@ -72,19 +80,43 @@ def diagnosis(
             "title": "GPU fell off the bus",
         },
         "contributing": [
-            {"category": "nccl.timeout", "signature": "nccl.timeout.watchdog", "role": "symptom",
-             "evidence": ["e1"]}
-        ] if status == "failed" else [],
+            {
+                "category": "nccl.timeout",
+                "signature": "nccl.timeout.watchdog",
+                "role": "symptom",
+                "evidence": ["e1"],
+            }
+        ]
+        if status == "failed"
+        else [],
         "timeline": [
-            {"id": "e1", "ts": "2026-11-30T04:56:09.123Z", "host": "node0", "rank": 0,
-             "source": "log", "signature": "nccl.timeout.watchdog", "category": "nccl.timeout",
-             "line": "Watchdog caught collective operation timeout", "role": "symptom",
-             "severity": "error"},
-            {"id": "e2", "ts": "2026-11-30T04:56:01.000Z", "host": host, "rank": 3,
-             "source": "kmsg", "signature": "gpu.fallen_off_bus.xid79",
-             "category": "gpu.fallen_off_bus", "line": "NVRM: Xid (PCI:0000:3b:00): 79",
-             "role": "cause", "severity": "critical"},
-        ] if status == "failed" else [],
+            {
+                "id": "e1",
+                "ts": "2026-11-30T04:56:09.123Z",
+                "host": "node0",
+                "rank": 0,
+                "source": "log",
+                "signature": "nccl.timeout.watchdog",
+                "category": "nccl.timeout",
+                "line": "Watchdog caught collective operation timeout",
+                "role": "symptom",
+                "severity": "error",
+            },
+            {
+                "id": "e2",
+                "ts": "2026-11-30T04:56:01.000Z",
+                "host": host,
+                "rank": 3,
+                "source": "kmsg",
+                "signature": "gpu.fallen_off_bus.xid79",
+                "category": "gpu.fallen_off_bus",
+                "line": "NVRM: Xid (PCI:0000:3b:00): 79",
+                "role": "cause",
+                "severity": "critical",
+            },
+        ]
+        if status == "failed"
+        else [],
         "summary": "GPU 0000:3b:00 on node1 fell off the bus; the NCCL timeout is a symptom.",
         "actions": [],
         "stats": {"bytes": 0, "lines": 0, "matches": 0, "dropped_analysis_bytes": 0},
@@ -93,8 +125,13 @@ def diagnosis(
 
 
 def report(
-    *, job: str = "job-1", user: str = "alice", status: str = "failed", host: str = "node1",
-    category: str = "gpu.fallen_off_bus", report_id: str | None = None,
+    *,
+    job: str = "job-1",
+    user: str = "alice",
+    status: str = "failed",
+    host: str = "node1",
+    category: str = "gpu.fallen_off_bus",
+    report_id: str | None = None,
 ) -> dict[str, Any]:
     return {
         "id": report_id or str(uuid.uuid4()),

@@ -51,8 +51,17 @@ class PgCluster:
             f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit=off "
             "-c max_connections=200 -c shared_buffers=256MB"
         )
-        self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.root / "log"),
-                  "-w", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.root / "log"),
+            "-w",
+            "start",
+        )
         self.admin(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
 
     def _run(self, tool: str, *args: str) -> None:

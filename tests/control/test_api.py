@@ -130,8 +130,10 @@ def test_report_becomes_an_incident_with_its_lifecycle(api):
 
 def test_jobs_search_and_host_history(api):
     api.post("/api/v1/reports", json=report(job="j1", user="alice", host="node1"))
-    api.post("/api/v1/reports", json=report(job="j2", user="bob", host="node2",
-                                            category="host.oom_killed"))
+    api.post(
+        "/api/v1/reports",
+        json=report(job="j2", user="bob", host="node2", category="host.oom_killed"),
+    )
     api.post("/v1/logs", content=logs_body(evidence(3, host="node2")), headers=PROTOBUF)
     api.tick()
 
@@ -154,8 +156,9 @@ def test_jobs_search_and_host_history(api):
     assert {e["id"] for e in history["evidence"]} >= {"ev-node2-0", "ev-node2-2"}
     assert [j["job"] for j in history["jobs"]] == ["j2"]
     assert [i["component"]["id"] for i in history["incidents"]] == ["j2"]
-    windowed = api.get("/api/v1/hosts/node2", params={"since": T0 + 1_000_000,
-                                                       "until": T0 + 2_000_000}).json()
+    windowed = api.get(
+        "/api/v1/hosts/node2", params={"since": T0 + 1_000_000, "until": T0 + 2_000_000}
+    ).json()
     assert [e["id"] for e in windowed["evidence"]] == ["ev-node2-1"]
     assert api.get("/api/v1/hosts/nowhere").status_code == 404
     assert api.get("/api/v1/jobs/nothing").status_code == 404
@@ -225,11 +228,14 @@ def test_authentication_and_roles(api):
     assert api.client.get("/api/v1/incidents").status_code == 401
     bad = {"Authorization": "Bearer dpx_0000000000000000_" + "A" * 43}
     assert api.client.get("/api/v1/incidents", headers=bad).status_code == 401
-    assert api.client.get("/api/v1/incidents", headers={"Authorization": "Basic x"}).status_code == 401
+    assert (
+        api.client.get("/api/v1/incidents", headers={"Authorization": "Basic x"}).status_code == 401
+    )
     viewer = api.headers(role="viewer")
     assert api.client.get("/api/v1/incidents", headers=viewer).status_code == 200
-    denied = api.client.post("/v1/logs", content=logs_body(evidence(1)),
-                             headers={**viewer, **PROTOBUF})
+    denied = api.client.post(
+        "/v1/logs", content=logs_body(evidence(1)), headers={**viewer, **PROTOBUF}
+    )
     assert denied.status_code == 403
     token_id = api.token(role="viewer").split("_")[1]
     assert api.runtime.store.revoke_token(token_id, 1)
@@ -239,9 +245,16 @@ def test_authentication_and_roles(api):
 
 def test_openapi_and_self_metrics(api):
     spec = api.client.get("/openapi.json").json()
-    for path in ("/v1/logs", "/v1/metrics", "/api/v1/reports", "/api/v1/incidents",
-                 "/api/v1/incidents/{incident_id}/acknowledge", "/api/v1/hosts/{host}",
-                 "/api/v1/jobs", "/api/v1/evidence/{evidence_id}"):
+    for path in (
+        "/v1/logs",
+        "/v1/metrics",
+        "/api/v1/reports",
+        "/api/v1/incidents",
+        "/api/v1/incidents/{incident_id}/acknowledge",
+        "/api/v1/hosts/{host}",
+        "/api/v1/jobs",
+        "/api/v1/evidence/{evidence_id}",
+    ):
         assert path in spec["paths"], path
     api.get("/api/v1/incidents")
     text = api.client.get("/metrics").text
@@ -255,7 +268,10 @@ def test_quota_refuses_with_retry_after(db_url):
 
     api = Api(db_url, quotas=QuotaPolicy(records_per_s=1.0, burst=10.0))
     try:
-        assert api.post("/v1/logs", content=logs_body(evidence(8)), headers=PROTOBUF).status_code == 200
+        assert (
+            api.post("/v1/logs", content=logs_body(evidence(8)), headers=PROTOBUF).status_code
+            == 200
+        )
         over = api.post("/v1/logs", content=logs_body(evidence(8, prefix="more")), headers=PROTOBUF)
         assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1
         assert len(stored_ids(api)) == 8

@@ -23,9 +23,17 @@ NOW = 1_796_000_000_000_000_000
 
 def candidate(key: str) -> dict:
     return {
-        "dedupe_key": key, "rule": "test", "category": "gpu.xid", "component_kind": "host",
-        "component_id": "node1", "title": "t", "explanation": "e", "confidence": 0.5,
-        "first_ns": NOW, "last_ns": NOW, "links": {"host": ["node1"]},
+        "dedupe_key": key,
+        "rule": "test",
+        "category": "gpu.xid",
+        "component_kind": "host",
+        "component_id": "node1",
+        "title": "t",
+        "explanation": "e",
+        "confidence": 0.5,
+        "first_ns": NOW,
+        "last_ns": NOW,
+        "links": {"host": ["node1"]},
     }
 
 

@@ -17,8 +17,10 @@ def populate(api, tenant: str) -> dict:
     body = report(job="shared-job", user="shared-user", report_id=f"r-{tenant}")
     assert api.post("/api/v1/reports", json=body, tenant=tenant).status_code == 201
     items = evidence(4, host="node1", prefix=f"ev-{tenant}", job="shared-job")
-    assert api.post("/v1/logs", content=logs_body(items), headers=PROTOBUF,
-                    tenant=tenant).status_code == 200
+    assert (
+        api.post("/v1/logs", content=logs_body(items), headers=PROTOBUF, tenant=tenant).status_code
+        == 200
+    )
     api.tick()
     incidents = api.get("/api/v1/incidents", tenant=tenant).json()["items"]
     assert len(incidents) == 1
@@ -97,9 +99,11 @@ def test_row_level_security_without_a_tenant_filter(pg_url):
         with db.tenant_tx("red") as conn:
             assert conn.execute(sa.text("SELECT current_user")).scalar() == "denpex_tenant"
             # nor can it write a row of another tenant, or move one there
-            with pytest.raises(sa.exc.DBAPIError, match="row-level security"):
-                with conn.begin_nested():
-                    conn.execute(sa.text("UPDATE incidents SET tenant = 'blue'"))
+            with (
+                pytest.raises(sa.exc.DBAPIError, match="row-level security"),
+                conn.begin_nested(),
+            ):
+                conn.execute(sa.text("UPDATE incidents SET tenant = 'blue'"))
         with db.tenant_tx("red") as conn, pytest.raises(sa.exc.DBAPIError):
             conn.execute(sa.text("INSERT INTO tenants (name, created_ns) VALUES ('x', 0)"))
         # the tenant role bound to no tenant sees nothing at all
