@@ -114,6 +114,30 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
             into[key] = value
 
 
+def _server_settings(server: dict[str, Any], otlp: dict[str, Any]) -> list[str]:
+    """`server: {url, token_file}`: the control plane as the OTLP endpoint, with its bearer
+    token in the headers (read now, so SIGHUP picks up a rotated token)."""
+    url, token_file = server.get("url"), server.get("token_file")
+    if url is None:
+        return ["server.token_file: set server.url too"] if token_file else []
+    if not str(url).startswith(("http://", "https://")):
+        return ["server.url: an http:// or https:// URL"]
+    if otlp.get("endpoint"):
+        return ["server.url and otlp.endpoint: set one of them (both are where evidence goes)"]
+    headers = dict(otlp.get("headers") or {})
+    if token_file is not None:
+        try:
+            token = Path(str(token_file)).read_text().strip()
+        except OSError as exc:
+            return [f"server.token_file: cannot read {token_file}: {exc.strerror}"]
+        if not token:
+            return [f"server.token_file: {token_file} is empty"]
+        headers["Authorization"] = f"Bearer {token}"
+    otlp["endpoint"] = str(url).rstrip("/")
+    otlp["headers"] = headers
+    return []
+
+
 def _build(data: dict[str, Any], source: str, known: tuple[str, ...]) -> AgentConfig:
     problems: list[str] = []
     roots = data.get("roots") or {}
@@ -129,6 +153,7 @@ def _build(data: dict[str, Any], source: str, known: tuple[str, ...]) -> AgentCo
     endpoint = otlp.get("endpoint")
     if endpoint is not None and not str(endpoint).startswith(("http://", "https://")):
         problems.append("otlp.endpoint: an http:// or https:// URL")
+    problems.extend(_server_settings(dict(data.get("server") or {}), otlp))
     try:
         parse_listen(str(data.get("listen")))
     except ValueError as exc:
