@@ -11,7 +11,6 @@ It must never hand out a connection on which tenant data is visible without a te
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from denpex.control.paths import default_state_dir
+
 TENANT_ROLE = "denpex_tenant"
 MIGRATION_LOCK = 0x64707801  # advisory lock key: one replica migrates at a time
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -27,18 +28,6 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 class StoreError(RuntimeError):
     """The store cannot be used as configured (bad URL, missing driver, no permission)."""
-
-
-def default_state_dir() -> Path:
-    """DENPEX_STATE_DIR, else /var/lib/denpex when writable (root), else the XDG state dir."""
-    env = os.environ.get("DENPEX_STATE_DIR")
-    if env:
-        return Path(env)
-    system = Path("/var/lib/denpex")
-    if os.geteuid() == 0:
-        return system
-    xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(xdg) / "denpex"
 
 
 def default_url() -> str:

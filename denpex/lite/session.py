@@ -11,7 +11,8 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from denpex.catalog import Catalog
 from denpex.core import jsonio
@@ -38,6 +39,8 @@ class ReportOptions:
     text: bool = True
     color: bool | None = None  # None: colour when stderr is a terminal
     title: str = "denpex diagnosis"
+    # called with the diagnosis JSON after the outputs above (the control-plane client)
+    sinks: list[Callable[[dict], None]] = field(default_factory=list)
 
 
 class LiteSession:
@@ -330,6 +333,8 @@ class LiteSession:
             width = _terminal_width()
             sys.stderr.write(render_text(data, color=color, width=width))
             sys.stderr.flush()
+        for sink in opts.sinks:
+            sink(data)
 
 
 def _write_file(path: str, data: bytes) -> None:

@@ -66,8 +66,8 @@ def mint(url: str, tenant: str, role: str) -> str:
 class ServerProcess:
     """`denpex server` as users start it, on a free loopback port."""
 
-    def __init__(self, url: str, log: Path, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, url: str, log: Path, *extra: str, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = url
         self.log = log
