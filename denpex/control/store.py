@@ -25,7 +25,7 @@ from denpex.core import jsonio
 from denpex.enterprise import Principal, TokenRecord, is_authentic
 
 _EVIDENCE_COLUMNS = [c.name for c in s.evidence.columns]
-_STATUSES = ("open", "acknowledged", "resolved")
+HISTORY_LINKS = 20  # incidents and jobs shown in a host's history
 
 
 class Fenced(RuntimeError):
@@ -296,7 +296,8 @@ class TenantStore:
         return _page(items, limit, ("name",))
 
     def host(self, name: str, *, since: int | None, until: int | None, limit: int) -> dict:
-        """A host's history: its newest evidence, the incidents and jobs that name it."""
+        """A host's history: its newest `limit` evidence in the window, the newest incidents
+        and jobs that name it (HISTORY_LINKS of each; the list endpoints page through more)."""
         with self._read() as conn:
             row = conn.execute(
                 sa.select(s.hosts).where(s.hosts.c.tenant == self.tenant, s.hosts.c.name == name)
@@ -320,7 +321,7 @@ class TenantStore:
                 sa.select(inc)
                 .where(inc.c.tenant == self.tenant, inc.c.id.in_(incident_ids))
                 .order_by(inc.c.last_ns.desc(), inc.c.id.desc())
-                .limit(limit)
+                .limit(HISTORY_LINKS)
             ).all()
             rh = s.report_hosts
             jobs = conn.execute(
@@ -330,7 +331,7 @@ class TenantStore:
                 )
                 .where(rh.c.tenant == self.tenant, rh.c.host == name)
                 .order_by(rh.c.ended_ns.desc())
-                .limit(limit)
+                .limit(HISTORY_LINKS)
             ).all()
             metrics = conn.execute(
                 sa.select(s.host_metrics)
