@@ -89,8 +89,9 @@ def drop_old_partitions(db: Database, cutoff_ns: int) -> list[str]:
 
 
 def apply_retention(store: Store, fence_for, policy: RetentionPolicy, now_ns: int) -> int:
-    """Evidence removed by age and by size across tenants; `fence_for(tenant)` gives the
-    leader's fenced TenantStore."""
+    """Evidence rows deleted by age and by size across tenants (rows of day partitions that
+    PostgreSQL drops whole are not counted); `fence_for(tenant)` gives the leader's fenced
+    TenantStore."""
     cutoff = now_ns - int(policy.max_age_days * DAY_NS)
     drop_old_partitions(store.db, cutoff)
     removed = 0

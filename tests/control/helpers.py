@@ -132,7 +132,12 @@ def report(
     host: str = "node1",
     category: str = "gpu.fallen_off_bus",
     report_id: str | None = None,
+    ended_ns: int = T0 + 10_000_000_000,
+    timeline: bool = True,
 ) -> dict[str, Any]:
+    body = diagnosis(status=status, category=category, host=host)
+    if not timeline:
+        body["timeline"] = []
     return {
         "id": report_id or str(uuid.uuid4()),
         "job": job,
@@ -140,6 +145,6 @@ def report(
         "hosts": ["node0", host],
         "ranks": [0, 1, 2, 3],
         "scheduler": {"slurm_job_id": "4242"},
-        "ended_ns": T0 + 10_000_000_000,
-        "diagnosis": diagnosis(status=status, category=category, host=host),
+        "ended_ns": ended_ns,
+        "diagnosis": body,
     }
