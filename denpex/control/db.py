@@ -129,10 +129,13 @@ class Database:
             if prelude is not None:
                 prelude(conn)
             if self.postgres:
-                conn.exec_driver_sql(f"SET LOCAL ROLE {TENANT_ROLE}")
+                # one round trip: `role` is the setting SET LOCAL ROLE changes
                 conn.execute(
-                    sa.text("SELECT set_config('denpex.tenant', :tenant, true)"),
-                    {"tenant": tenant},
+                    sa.text(
+                        "SELECT set_config('role', :role, true), "
+                        "set_config('denpex.tenant', :tenant, true)"
+                    ),
+                    {"role": TENANT_ROLE, "tenant": tenant},
                 )
             yield conn
 

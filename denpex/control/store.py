@@ -202,6 +202,12 @@ class TenantStore:
 
     def add_report(self, report: Report, received_ns: int) -> bool:
         """Store a report and its evidence in one transaction; False when its id is stored."""
+        try:
+            return self._add_report(report, received_ns)
+        except sa.exc.IntegrityError:
+            return False  # the same id stored by a concurrent request (a retry that raced)
+
+    def _add_report(self, report: Report, received_ns: int) -> bool:
         diagnosis = report.diagnosis
         root = diagnosis.get("root_cause") or {}
         with self._write() as conn:
