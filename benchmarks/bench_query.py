@@ -143,9 +143,26 @@ def load_postgres(cluster, dbname: str, url: str, rows: int, days: int) -> None:
         host="127.0.0.1", port=cluster.port, user="postgres", dbname=dbname, autocommit=True
     ) as conn:
         conn.execute("SET synchronous_commit = off")
+        conn.execute("SET maintenance_work_mem = '1GB'")
+        # COPY into bare partitions, then build the keys and indexes once (as for SQLite)
+        pkey = conn.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'evidence'::regclass AND contype = 'p'"
+        ).fetchone()
+        indexes = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'evidence' "
+            "AND indexname <> %s",
+            (pkey[0],),
+        ).fetchall()
+        for name, _ in indexes:
+            conn.execute(f"DROP INDEX {name}")
+        conn.execute(f"ALTER TABLE evidence DROP CONSTRAINT {pkey[0]}")
         with conn.cursor() as cur, cur.copy(f"COPY evidence ({COLUMNS}) FROM STDIN") as copy:
             for row in evidence_rows(rows, days, 1):
                 copy.write_row(row)
+        conn.execute(f"ALTER TABLE evidence ADD CONSTRAINT {pkey[0]} {pkey[1]}")
+        for _, definition in indexes:
+            conn.execute(definition)
         with conn.cursor() as cur:
             cur.executemany(
                 INCIDENT_SQL.format(", ".join(["%s"] * 16)), list(incident_rows(days, 2))
