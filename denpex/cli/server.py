@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from denpex.cli.main import UsageError
+from denpex.cli.common import UsageError
 
 DESCRIPTION = """\
 Serve the control plane: OTLP/HTTP ingest (/v1/logs, /v1/metrics) for node agents, job
