@@ -11,7 +11,7 @@ malformed payload with a 5xx, nor store part of one.
 import hashlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,14 +24,30 @@ from starlette.concurrency import run_in_threadpool
 
 from denpex import __version__
 from denpex.control import ingest
-from denpex.control.db import StoreError
-from denpex.control.store import Conflict, NotFound, Page, decode_cursor
+from denpex.control.db import Database, StoreError
+from denpex.control.leader import Leadership
+from denpex.control.quotas import Quotas
+from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
 from denpex.core import jsonio
-from denpex.enterprise import AuthError, Principal, authenticate, authorize
+from denpex.enterprise import AuthError, Principal, TokenDirectory, authenticate, authorize
 
-if TYPE_CHECKING:
-    from denpex.control.server import Runtime
+
+class Runtime(Protocol):
+    """What the routes use of denpex.control.server.Runtime (named here, not imported:
+    the server imports this module)."""
+
+    db: Database
+    store: Store
+    metrics: ServerMetrics
+    tokens: TokenDirectory
+    quotas: Quotas
+    leadership: Leadership
+    schema_revision: str
+
+    def wake_leader(self) -> None: ...
+
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="items per page")]
 Cursor = Annotated[str | None, Query(description="`next_cursor` of the previous page")]
@@ -39,7 +55,7 @@ Since = Annotated[str | None, Query(description="ISO 8601 time or ns since the e
 Until = Annotated[str | None, Query(description="ISO 8601 time or ns since the epoch (exclusive)")]
 
 
-def create_app(rt: "Runtime") -> FastAPI:
+def create_app(rt: Runtime) -> FastAPI:
     app = FastAPI(
         title="denpex control plane",
         version=__version__,
@@ -286,7 +302,7 @@ def _who(principal: Principal) -> str:
     return f"token:{principal.token_id}"
 
 
-def _admit(rt: "Runtime", tenant: str, records: int) -> None:
+def _admit(rt: Runtime, tenant: str, records: int) -> None:
     wait = rt.quotas.admit(tenant, records)
     if wait is not None:
         raise _QuotaExceeded(wait)
@@ -347,7 +363,7 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
     )
 
 
-def _error_handlers(app: FastAPI, rt: "Runtime") -> None:
+def _error_handlers(app: FastAPI, rt: Runtime) -> None:
     @app.exception_handler(AuthError)
     def _auth(_request: Request, exc: AuthError) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="denpex"'} if exc.status == 401 else None
@@ -387,7 +403,7 @@ def _error_handlers(app: FastAPI, rt: "Runtime") -> None:
 class _Timing:
     """Pure ASGI middleware: per-route request counts and latency for /metrics."""
 
-    def __init__(self, app: Any, rt: "Runtime") -> None:
+    def __init__(self, app: Any, rt: Runtime) -> None:
         self.app = app
         self.rt = rt
 

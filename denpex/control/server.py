@@ -20,7 +20,7 @@ from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Fenced, Store
-from denpex.enterprise import TokenRecord
+from denpex.enterprise import TokenDirectory, TokenRecord
 
 log = logging.getLogger("denpex.server")
 
@@ -69,7 +69,7 @@ class Runtime:
         self.schema_revision = self.db.migrate()
         self.store = Store(self.db)
         self.metrics = ServerMetrics()
-        self.tokens = CachedTokens(self.store, options.token_cache_s)
+        self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)
         self.leadership = Leadership(self.db, lease_s=options.lease_s)
         self._wake = threading.Event()
