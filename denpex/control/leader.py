@@ -88,28 +88,32 @@ class Leadership:
             got = self._lock_conn.exec_driver_sql(
                 f"SELECT pg_try_advisory_lock({LOCK_KEY})"
             ).scalar()
-            if not got:
-                self._break_expired_lease(now_ns)
-                got = self._lock_conn.exec_driver_sql(
-                    f"SELECT pg_try_advisory_lock({LOCK_KEY})"
-                ).scalar()
+            if not got and self._break_expired_lease(now_ns):
+                for _ in range(30):  # the ended session's backend releases as it exits
+                    got = self._lock_conn.exec_driver_sql(
+                        f"SELECT pg_try_advisory_lock({LOCK_KEY})"
+                    ).scalar()
+                    if got:
+                        break
+                    time.sleep(0.1)
         except sa.exc.DBAPIError:
             self._drop_lock_connection()
             return False
         return bool(got)
 
-    def _break_expired_lease(self, now_ns: int) -> None:
-        """The holder has not renewed within the lease: end its session (frees the lock)."""
+    def _break_expired_lease(self, now_ns: int) -> bool:
+        """The holder has not renewed within the lease: end its session (frees the lock).
+        Returns whether a session was ended."""
         row = self._lock_conn.execute(
             sa.select(s.leader.c.renewed_ns).where(s.leader.c.name == self.name)
         ).first()
         if row is None or now_ns - row.renewed_ns < self.lease_s * 1e9:
-            return
-        self._lock_conn.exec_driver_sql(
+            return False
+        ended = self._lock_conn.exec_driver_sql(
             "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
             f"AND objid = {LOCK_KEY & 0xFFFFFFFF} AND granted AND pid <> pg_backend_pid()"
-        )
-        time.sleep(0.1)  # the terminated backend releases its locks as it exits
+        ).all()
+        return any(flag for (flag,) in ended)
 
     def _lock_sqlite(self) -> bool:
         if self._lock_fd < 0:
@@ -152,6 +156,12 @@ class Leadership:
     def step_down(self) -> None:
         self.state.leader = False
         if self._lock_conn is not None:
+            # release before closing: a closed session frees its lock only once its backend
+            # has exited, and a standby asking in between would be refused
+            try:
+                self._lock_conn.exec_driver_sql("SELECT pg_advisory_unlock_all()")
+            except sa.exc.DBAPIError:
+                pass  # the session is gone already, and its lock with it
             self._drop_lock_connection()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
