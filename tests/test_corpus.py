@@ -40,16 +40,17 @@ class Part:
     name: str
     folder: Path
     labels: list[dict]
-    target: float  # top-1 accuracy over the whole part
-    symptom_first_target: float  # … over the logs whose first error line is a symptom
+    target: float  # top-1 accuracy over the logs the rules may be tuned on (not the holdout)
+    symptom_first_target: float  # … over those whose first error line is a symptom
+    holdout_target: float = 0.0  # … over the holdout, which nobody tunes to: a floor, not a goal
 
 
 # synthetic: the level reached, rounded down (main had 93.4 % when the real part was wired in);
 # its logs carry no symptom_first flag
 SYNTHETIC = Part("synthetic", CORPUS, _labels(CORPUS), 0.94, 0.0)
-# real: the level reached, rounded down (87.4 % overall, 71.4 % of symptom-first logs; main had
-# 64.6 % and 31.2 %)
-REAL_PART = Part("real", REAL, _labels(REAL), 0.87, 0.71)
+# real: the level reached, rounded down (dev 87.4 %, 71.4 % of its symptom-first logs; main had
+# 64.6 % and 31.2 %); the holdout's blind score (12/18) is its floor
+REAL_PART = Part("real", REAL, _labels(REAL), 0.87, 0.71, holdout_target=0.66)
 ATTRIBUTION_TARGET = 0.80
 
 
@@ -172,9 +173,12 @@ def test_accuracy(part, results, real_results, validate_diagnosis):
     for o in outcomes:
         validate_diagnosis(o.diagnosis)
     print(report(part, outcomes))
-    assert _share(outcomes)[2] >= part.target
-    symptom_first = [o for o in outcomes if o.entry.get("symptom_first")]
+    tuned = [o for o in outcomes if o.entry.get("split") != "holdout"]
+    holdout = [o for o in outcomes if o.entry.get("split") == "holdout"]
+    assert _share(tuned)[2] >= part.target
+    symptom_first = [o for o in tuned if o.entry.get("symptom_first")]
     assert _share(symptom_first)[2] >= part.symptom_first_target
+    assert _share(holdout)[2] >= part.holdout_target
 
 
 @pytest.mark.parametrize("part", [SYNTHETIC, REAL_PART], ids=lambda p: p.name)
