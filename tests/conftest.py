@@ -47,16 +47,10 @@ def validate_diagnosis(diagnosis_schema):
     return validate
 
 
-@pytest.fixture(params=["native", "reference"])
-def both_backends(request, monkeypatch):
-    """Runs a test on the compiled modules and again on their pure-Python twins (ids
-    `[native]` / `[reference]`, as aiohttp's c-parser / py-parser), so one pytest run checks
-    both; subprocesses inherit the choice through DENPEX_NO_EXTENSIONS. Use it with
-    `pytestmark = pytest.mark.usefixtures("both_backends")` in modules whose code reaches a
-    native module (the matcher, the line splitter, the ring buffer, the checksums)."""
+def _select_backend(param: str, monkeypatch: pytest.MonkeyPatch) -> str:
     import denpex._native as native
 
-    if request.param == "reference":
+    if param == "reference":
         monkeypatch.setenv("DENPEX_NO_EXTENSIONS", "1")
     elif native.extensions_disabled():
         pytest.skip("DENPEX_NO_EXTENSIONS=1 is set for the whole run: only the twins are in use")
@@ -64,4 +58,22 @@ def both_backends(request, monkeypatch):
         missing = [n for n in native.NATIVE_MODULES if native.backend(n) != "native"]
         if missing:  # tests/native/test_backend.py fails when a built module does not load
             pytest.skip(f"compiled modules not built: {', '.join(missing)}")
-    return request.param
+    return param
+
+
+@pytest.fixture(params=["native", "reference"])
+def both_backends(request, monkeypatch):
+    """Runs a test on the compiled modules and again on their pure-Python twins (ids
+    `[native]` / `[reference]`, as aiohttp's c-parser / py-parser), so one pytest run checks
+    both; subprocesses inherit the choice through DENPEX_NO_EXTENSIONS. Use it with
+    `pytestmark = pytest.mark.usefixtures("both_backends")` in modules whose code reaches a
+    native module (the matcher, the line splitter, the ring buffer, the checksums)."""
+    return _select_backend(request.param, monkeypatch)
+
+
+@pytest.fixture(scope="module", params=["native", "reference"])
+def module_backend(request):
+    """both_backends for module-scoped fixtures that compute once per backend (the corpus
+    evaluation): a fixture that depends on it is computed again for each."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield _select_backend(request.param, monkeypatch)

@@ -137,12 +137,12 @@ def report(part: Part, outcomes: list[Outcome]) -> str:
 
 
 @pytest.fixture(scope="module")
-def results() -> list[Outcome]:
+def results(module_backend) -> list[Outcome]:
     return evaluate(SYNTHETIC)
 
 
 @pytest.fixture(scope="module")
-def real_results() -> list[Outcome]:
+def real_results(module_backend) -> list[Outcome]:
     return evaluate(REAL_PART)
 
 
