@@ -13,6 +13,7 @@ from denpex.cli.common import (
     check_signature_dirs,
     report_options,
 )
+from denpex.lite.job_supervisor import LINGER_S
 
 DESCRIPTION = """\
 Run CMD exactly as if denpex were not there (same output, input, signals and exit status),
@@ -21,7 +22,18 @@ print the root cause, the lines that prove it and what to do, on stderr.
 
 CMD runs in a pseudo-terminal when denpex's stdout is a terminal (progress bars and colours
 keep working), else with pipes (stdout and stderr kept apart); --pty/--no-pty force one.
+Whatever CMD leaves running ends with the run (and with denpex, if denpex is killed).
 """
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds: {text!r}")
+    return value
 
 
 def add_parser(commands) -> None:
@@ -48,6 +60,15 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "--no-analysis", action="store_true", help="only wrap CMD: no matching, no report"
+    )
+    parser.add_argument(
+        "--linger",
+        type=_seconds,
+        default=LINGER_S,
+        metavar="SECONDS",
+        help="after CMD exits, keep relaying the output its descendants still hold open as "
+        "long as it is never silent this long (default %(default)g; 'inf': until the last one "
+        "closes it); then what is left of the job is ended (SIGTERM, then SIGKILL)",
     )
     add_report_options(parser)
     parser.add_argument(
@@ -99,6 +120,7 @@ def handle(args: argparse.Namespace) -> int:
             argv,
             use_pty=args.pty,
             session_factory=factory,
+            linger=args.linger,
             extra_env=sdk.environ() if sdk is not None else None,
         )
     finally:

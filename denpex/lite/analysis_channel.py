@@ -2,8 +2,8 @@
 analysis ring (analysis_ring.py), told the job's start and result over a control pipe.
 
 It must never return into the caller's stack (it always ends in os._exit), never outlive
-denpex (parent-death signal; the job's process group goes with it), and a failing analysis
-costs the report, never the job: the ring keeps being drained.
+denpex (parent-death signal; the job goes with denpex's supervisor, job_supervisor.py), and
+a failing analysis costs the report, never the job: the ring keeps being drained.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def _warn(text: str) -> None:
 
 
 # ---------------------------------------------------------------- inside the analyzer process
-_guard = {"parent": 0, "pgid": 0}
+_guard = {"parent": 0}
 
 
 def _say_failed(exc: BaseException) -> None:
@@ -166,10 +166,7 @@ def _say_failed(exc: BaseException) -> None:
 
 
 def _parent_gone() -> None:
-    """denpex died: take the job's process group with us, so nothing is left running."""
-    if _guard["pgid"] > 0:
-        with contextlib.suppress(OSError):
-            os.killpg(_guard["pgid"], signal.SIGKILL)
+    """denpex died: no report can reach anyone (its supervisor ends the job)."""
     os._exit(1)
 
 
@@ -232,7 +229,6 @@ def _analyzer_main(
     if "start" not in got:
         return 0
     child_pid = got["start"]
-    _guard["pgid"] = child_pid or 0
     session: Any = None
     try:
         session = session_factory(child_pid)

@@ -3,15 +3,18 @@ byte, reading straight into the analysis ring.
 
 It never waits on analysis (a chunk the ring has no room for is dropped from analysis,
 never from output), never alters or reorders a stream's bytes, and stops once the child
-has exited and its output ended or went quiet.
+has exited and the last writer closed its output (or it stayed silent for the linger time).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import select
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,11 +22,12 @@ from typing import Protocol
 
 from denpex.lite.analysis_channel import Analyzer
 from denpex.lite.job_signals import JobSignals
+from denpex.lite.job_supervisor import END_GRACE_S, LINGER_S, Supervisor, SupervisorLost
 from denpex.lite.spawn import Child
 
 CHUNK = 1 << 20  # largest read
 _MIN_RESERVE = 64 << 10  # below this much free ring space the chunk is dropped from analysis
-_QUIET_S = 0.5  # after the child exits, stop once its output was quiet this long
+_DRAIN_S = END_GRACE_S + 1.0  # after ending the leftovers, how long their output is relayed
 _COALESCE = 256 << 10  # a greedy (PTY) pump gathers up to this much into one write
 _IN, _OUT, _HUP = select.POLLIN, select.POLLOUT, select.POLLHUP | select.POLLERR
 
@@ -159,19 +163,26 @@ class Relay:
         return result
 
 
-def relay_child(child: Child, relay: Relay, sig: JobSignals) -> int:
-    """Relay until the child exited and its output ended (or went quiet); its wait status."""
+def relay_child(child: Child, relay: Relay, sig: JobSignals, linger: float = LINGER_S) -> int:
+    """Relay until the child exited and its output ended; its wait status.
+
+    After the child's exit its descendants may still hold the output (a pipe's end of file, a
+    PTY's EIO, comes only when the last holder closes it): relaying goes on until then, as
+    long as the output is never silent for `linger` seconds. After that the supervisor ends
+    the leftovers and what they wrote meanwhile is still relayed (for at most _DRAIN_S)."""
     poller = select.poll()
     masks: dict[int, int] = {}
     sources, stdin = child.sources, child.stdin
-    pid = child.proc.pid
+    supervisor = child.supervisor
     status: int | None = None
-    quiet_until = 0.0
+    quiet_until = drain_until = math.inf
     ended: list[int] = []
     while True:
         want: dict[int, int] = {fd: _IN for fd in sources}
         if sig.wake_r >= 0:
             want[sig.wake_r] = _IN
+        if status is None:
+            want[supervisor.status_fd] = _IN
         if stdin.wants_read():
             want[0] = want.get(0, 0) | _IN
         if stdin.pending and stdin.dst >= 0:
@@ -188,24 +199,32 @@ def relay_child(child: Child, relay: Relay, sig: JobSignals) -> int:
         if status is not None:
             if not sources:
                 break
-            timeout = quiet_until - time.monotonic()
-            if timeout <= 0:
+            now = time.monotonic()
+            if drain_until == math.inf and now >= quiet_until:
+                supervisor.end()  # silent too long: end the holders, keep what they still write
+                drain_until = now + _DRAIN_S
+            if now >= drain_until:
                 break
-        elif sig.wake_r < 0 or (stdin.reading and stdin.tty and 0 not in want):
-            timeout = 0.05 if sig.wake_r < 0 else 0.5
-        events = poller.poll(None if timeout is None else max(1, int(timeout * 1000)))
-        woke = sig.wake_r < 0
+            timeout = (quiet_until if drain_until == math.inf else drain_until) - now
+        elif stdin.reading and stdin.tty and 0 not in want:
+            timeout = 0.5  # a background job: look again whether we are in the foreground
+        events = poller.poll(None if timeout in (None, math.inf) else max(1, int(timeout * 1000)))
         for fd, ev in events:
             if fd == sig.wake_r:
-                woke = True
                 with contextlib.suppress(OSError):
                     os.read(fd, 4096)
+                continue
+            if fd == supervisor.status_fd and status is None:
+                status = _job_status(supervisor, child.pid)
+                if status is not None:
+                    sig.child_gone = True
+                    quiet_until = time.monotonic() + linger
                 continue
             if fd in sources and ev & (_IN | _HUP):
                 dest, stream = sources[fd]
                 n = relay.pump(fd, dest, stream, greedy=child.master >= 0)
-                if n > 0:
-                    quiet_until = time.monotonic() + _QUIET_S
+                if n > 0 and status is not None:
+                    quiet_until = time.monotonic() + linger
                 if n == 0:  # end of output; a PTY master stays open until the child is
                     del sources[fd]  # reaped: closing it hangs up the terminal (SIGHUP), and
                     ended.append(fd)  # the child may still be between close() and exit()
@@ -218,14 +237,20 @@ def relay_child(child: Child, relay: Relay, sig: JobSignals) -> int:
                 stdin.on_readable()
             if fd == stdin.dst and ev & (_OUT | _HUP) and stdin.pending:
                 stdin.flush()
-        if status is None and woke:
-            done, wstatus = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = wstatus
-                child.proc.returncode = os.waitstatus_to_exitcode(wstatus)
-                sig.child_gone = True
-                quiet_until = time.monotonic() + _QUIET_S
     for fd in [*sources, *ended]:
         os.close(fd)
     stdin.close()
     return status
+
+
+def _job_status(supervisor: Supervisor, pid: int) -> int | None:
+    """The job's wait status if the supervisor reported it; a lost supervisor took the job
+    with it (the job's parent-death signal): killed by SIGKILL."""
+    try:
+        return supervisor.job_status()
+    except SupervisorLost:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            print("denpex: the job's supervisor was killed; the job with it", file=sys.stderr)
+        return signal.SIGKILL  # the wait status of a process killed by SIGKILL

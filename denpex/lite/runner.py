@@ -1,7 +1,8 @@
 """The transparent wrapper: runs a command so that every byte it writes reaches us unchanged.
 
-Puts the pieces together: spawn (pipes or a PTY), terminal (raw mode, stdin), job_signals
-(forwarding, job control), relay (output to us and to the analysis ring). The relay must
+Puts the pieces together: spawn (pipes or a PTY, below the job's supervisor), terminal (raw
+mode, stdin), job_signals (forwarding, job control), relay (output to us and to the
+analysis ring). The relay must
 never wait on analysis (the ring drops analysis input, never output), never alter or
 reorder a stream's bytes, and the terminal and signals it changed are always restored.
 """
@@ -16,8 +17,16 @@ from collections.abc import Mapping
 from denpex.lite.analysis_channel import Analyzer
 from denpex.lite.child_env import child_environ
 from denpex.lite.job_signals import JobSignals
+from denpex.lite.job_supervisor import LINGER_S
 from denpex.lite.relay import AnalysisSession, Relay, RunResult, SessionFactory, relay_child
-from denpex.lite.spawn import fd_valid, hold_std_fds, spawn_failed, spawn_pipes, spawn_pty
+from denpex.lite.spawn import (
+    Child,
+    fd_valid,
+    hold_std_fds,
+    spawn_failed,
+    spawn_pipes,
+    spawn_pty,
+)
 from denpex.lite.terminal import RawStdin
 
 __all__ = ["AnalysisSession", "RunResult", "SessionFactory", "run_command", "tee_stream"]
@@ -30,10 +39,13 @@ def run_command(
     session_factory: SessionFactory | None = None,
     ring_bytes: int = 8 << 20,
     extra_env: Mapping[str, str] | None = None,
+    linger: float = LINGER_S,
 ) -> int:
     """Run argv transparently (PTY iff our stdout is a TTY, unless forced); the exit status.
 
-    extra_env: variables added to the child's environment (the SDK socket's address)."""
+    extra_env: variables added to the child's environment (the SDK socket's address).
+    linger: after the child exits, how long its output may stay silent while descendants
+    still hold it open, before they are ended (relay_child)."""
     if not argv:
         raise ValueError("run_command needs a command to run")
     if use_pty is None:
@@ -44,6 +56,7 @@ def run_command(
     analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None
     raw = RawStdin(use_pty)
     finished = False
+    child: Child | None = None
     try:
         with JobSignals(use_pty, raw) as sig:
             relay = Relay(analyzer, stop=lambda: sig.stop_requested)
@@ -56,14 +69,15 @@ def run_command(
                     finished = True
                 return spawn_failed(argv[0], exc)
             if analyzer is not None:
-                analyzer.begin(child.proc.pid)
-            sig.start(child.proc.pid, child.master)
+                analyzer.begin(child.pid)
+            sig.start(child.pid, child.master)
             try:
                 if use_pty:
                     raw.enter()
-                wstatus = relay_child(child, relay, sig)
+                wstatus = relay_child(child, relay, sig, linger)
             finally:
                 raw.restore()
+            child.supervisor.end()  # the leftovers end while the report is written
             code = os.waitstatus_to_exitcode(wstatus)
             result = RunResult(
                 exit_code=code if code >= 0 else None,
@@ -73,12 +87,14 @@ def run_command(
                 bytes_dropped=0,
                 chunks_dropped=0,
                 duration_s=time.monotonic() - started,
-                child_pid=child.proc.pid,
+                child_pid=child.pid,
             )
             status = relay.conclude(result).status
             finished = True
             return status
     finally:
+        if child is not None:
+            child.supervisor.close()  # without end() (a failure above) it kills the job
         if analyzer is not None:
             if not finished:
                 analyzer.abort()

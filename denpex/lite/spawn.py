@@ -1,5 +1,6 @@
-"""Starting the job for `denpex run`: pipes or a PTY, its own process group or session, a
-parent-death signal, and standard descriptors that are never reused by our own pipes.
+"""Starting the job for `denpex run`: pipes or a PTY, its own process group or session, below
+the job's supervisor (job_supervisor.py, its parent and subreaper, with a parent-death
+signal tied to it), and standard descriptors that are never reused by our own pipes.
 
 Never changes the environment it is given; a child that cannot start leaves nothing
 behind (every descriptor opened for it is closed).
@@ -19,6 +20,7 @@ import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from denpex.lite.job_supervisor import Supervisor
 from denpex.lite.terminal import RawStdin, StdinPump, copy_winsize
 
 PIPE_BYTES = 1 << 20  # pipes are enlarged to the relay's largest read
@@ -62,11 +64,11 @@ def preexec_for(controlling_tty: bool) -> Callable[[], None]:
         _libc = ctypes.CDLL(None, use_errno=True)
     libc, parent = _libc, os.getpid()
 
-    def preexec() -> None:  # in the child, after setsid/setpgid, before exec
+    def preexec() -> None:  # in the job, after setsid/setpgid, before exec
         if controlling_tty:
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # denpex died before prctl took effect
+        if os.getppid() != parent:  # the supervisor died before prctl took effect
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
@@ -74,10 +76,35 @@ def preexec_for(controlling_tty: bool) -> Callable[[], None]:
 
 @dataclass
 class Child:
-    proc: subprocess.Popen
+    pid: int  # the job's first process (also its process group)
+    supervisor: Supervisor  # its parent: reaps, reports the exit, ends the leftovers
     sources: dict[int, tuple[int, int]]  # our read end -> (destination fd, stream)
     stdin: StdinPump
     master: int = -1
+
+
+def _start(
+    argv: list[str], env: dict[str, str], fds: tuple[int, int, int], terminal: bool
+) -> tuple[int, Supervisor]:
+    """Start argv on fds (stdin, stdout, stderr) below a new supervisor: (job pid, supervisor).
+    The job's process group (a session, with the terminal as controlling one) is its own."""
+    stdin, stdout, stderr = fds
+
+    def spawn() -> subprocess.Popen:  # runs in the supervisor, the job's parent
+        return subprocess.Popen(
+            argv,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            env=env,
+            close_fds=True,
+            start_new_session=terminal,
+            process_group=None if terminal else 0,
+            preexec_fn=preexec_for(terminal),
+        )
+
+    supervisor = Supervisor.start(spawn, {fd for fd in fds if fd >= 0})
+    return supervisor.wait_started(), supervisor
 
 
 def spawn_pipes(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: bool) -> Child:
@@ -85,16 +112,7 @@ def spawn_pipes(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: b
     err_r, err_w = _pipe()
     in_r, in_w = _pipe() if stdin_ok else (subprocess.DEVNULL, -1)
     try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=in_r,
-            stdout=out_w,
-            stderr=err_w,
-            env=env,
-            close_fds=True,
-            process_group=0,
-            preexec_fn=preexec_for(False),
-        )
+        pid, supervisor = _start(argv, env, (in_r, out_w, err_w), False)
     except BaseException:
         for fd in (out_r, err_r, in_w):
             if fd >= 0:
@@ -107,7 +125,8 @@ def spawn_pipes(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: b
     for fd in (out_r, err_r, in_w):
         if fd >= 0:
             os.set_blocking(fd, False)
-    return Child(proc, {out_r: (1, 1), err_r: (2, 2)}, StdinPump(in_w, False, b"", raw))
+    stdin = StdinPump(in_w, False, b"", raw)
+    return Child(pid, supervisor, {out_r: (1, 1), err_r: (2, 2)}, stdin)
 
 
 def spawn_pty(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: bool) -> Child:
@@ -118,16 +137,7 @@ def spawn_pty(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: boo
                 termios.tcsetattr(slave, termios.TCSANOW, termios.tcgetattr(0))
         copy_winsize(master)
         veof = termios.tcgetattr(slave)[6][termios.VEOF]
-        proc = subprocess.Popen(
-            argv,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=env,
-            close_fds=True,
-            start_new_session=True,
-            preexec_fn=preexec_for(True),
-        )
+        pid, supervisor = _start(argv, env, (slave, slave, slave), True)
     except BaseException:
         os.close(master)
         raise
@@ -135,7 +145,7 @@ def spawn_pty(argv: list[str], env: dict[str, str], raw: RawStdin, stdin_ok: boo
         os.close(slave)
     os.set_blocking(master, False)
     stdin = StdinPump(master if stdin_ok else -1, True, veof, raw)
-    return Child(proc, {master: (1, 1)}, stdin, master)
+    return Child(pid, supervisor, {master: (1, 1)}, stdin, master)
 
 
 def spawn_failed(name: str, exc: OSError) -> int:

@@ -72,6 +72,28 @@ def main(argv: list[str]) -> None:
         os.rename(args[0] + ".tmp", args[0])
         time.sleep(60)
         os._exit(1)
+    if cmd == "daemon":  # FILE DAEMON_FILE: starts a daemon (setsid, double fork), sleeps
+        if os.fork() == 0:
+            os.setsid()  # out of the job's process group and session
+            if os.fork() == 0:
+                with open(args[1] + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rename(args[1] + ".tmp", args[1])
+                time.sleep(60)
+            os._exit(0)
+        os.wait()
+        with open(args[0] + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(args[0] + ".tmp", args[0])
+        time.sleep(60)
+        os._exit(1)
+    if cmd == "signals":  # prints its ignored and blocked signal masks (/proc/self/status)
+        with open("/proc/self/status") as f:
+            masks = dict(
+                line.split(":\t", 1) for line in f if line.startswith(("SigIgn", "SigBlk"))
+            )
+        print(json.dumps({k: v.strip() for k, v in masks.items()}))
+        return
     if cmd == "timed-writer":  # N FILE: writes N bytes in 64 KiB pieces, records the seconds
         n, path = int(args[0]), args[1]
         block = b"0123456789abcdef" * 4096

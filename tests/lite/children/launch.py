@@ -1,6 +1,7 @@
 """Test launcher standing in for `denpex run` / `denpex scan --tee`: calls the runner directly.
 
-Usage: launch.py MODE [--session KIND] [--out FILE] [--ring BYTES] [--delay S] [-- CMD ...]
+Usage: launch.py MODE [--session KIND] [--out FILE] [--ring BYTES] [--delay S] [--linger S]
+                 [-- CMD ...]
 MODE is pipe, pty, auto (run_command), tee or scan (tee_stream to stdout / to nowhere).
 It must never print anything of its own to stdout: the tests compare stdout byte for byte.
 """
@@ -78,6 +79,7 @@ def main() -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--ring", type=int, default=8 << 20)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--linger", type=float, default=None)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -95,7 +97,10 @@ def main() -> int:
         result = tee_stream(0, out_fd, session_factory=session_factory, ring_bytes=args.ring)
         return result.status
     use_pty = {"pipe": False, "pty": True, "auto": None}[args.mode]
-    return run_command(cmd, use_pty=use_pty, session_factory=session_factory, ring_bytes=args.ring)
+    linger = {} if args.linger is None else {"linger": args.linger}
+    return run_command(
+        cmd, use_pty=use_pty, session_factory=session_factory, ring_bytes=args.ring, **linger
+    )
 
 
 if __name__ == "__main__":
