@@ -1,37 +1,68 @@
 """Checkpoint integrity: `dx.save` writes a checksum sidecar `<path>.dxsum` beside each
-checkpoint; `dx.load` verifies it before torch.load and names the first bad byte offset.
+checkpoint and a marker inside it; `dx.load` verifies the sidecar before torch.load and names
+the first bad byte offset (the sidecar and the marker: checkpoint_sidecar.py).
 
 It never lets training resume on a corrupt checkpoint without saying so (CheckpointCorrupt plus
-ckpt.load_failure evidence), and never changes what torch.save writes. torch is imported lazily.
+ckpt.load_failure evidence): a file dx.save marked, or any file in HMAC mode (a site key in
+$DENPEX_CKPT_KEY_FILE or key=), is refused without a sidecar that verifies; only an unmarked
+(legacy) file loads with a warning. What torch.load reads is what torch.save wrote, plus the
+zip comment. torch is imported lazily.
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-import denpex._native as native
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event
+from denpex.sdk.checkpoint_sidecar import (
+    CHUNK_BYTES,
+    KEY_FILE_ENV,
+    SIDECAR_SUFFIX,
+    FileDigest,
+    PathArg,
+    Verdict,
+    add_marker,
+    authenticate,
+    compare,
+    digest_file,
+    has_marker,
+    seal,
+    sidecar_path,
+    site_key,
+)
 from denpex.sdk.transport import default_emit
 
-SIDECAR_SUFFIX = ".dxsum"
-SIDECAR_VERSION = 1
-CHUNK_BYTES = 8 << 20  # a corruption is located to one chunk of this size
-PathArg = str | os.PathLike[str]
+__all__ = [
+    "CHUNK_BYTES",
+    "KEY_FILE_ENV",
+    "SIDECAR_SUFFIX",
+    "CheckpointCorrupt",
+    "FileDigest",
+    "Verdict",
+    "check",
+    "compare",
+    "digest_file",
+    "load",
+    "protect_torch_checkpoints",
+    "save",
+    "sidecar_path",
+    "unprotect_torch_checkpoints",
+    "verify",
+    "write_sidecar",
+]
 
 
 class CheckpointCorrupt(RuntimeError):
-    """The checkpoint's bytes are not the ones `dx.save` wrote (or, in strict mode, there is no
-    sidecar to prove they are). `offset` is the first byte known bad, None when unknown."""
+    """The checkpoint's bytes are not the ones `dx.save` wrote (or there is no sidecar that
+    proves they are, where one is required). `offset` is the first byte known bad, None when
+    unknown."""
 
     def __init__(self, path: str, reason: str, offset: int | None = None) -> None:
         where = f" (first bad byte at offset {offset})" if offset is not None else ""
@@ -44,141 +75,56 @@ class CheckpointCorrupt(RuntimeError):
         self.offset = offset
 
 
-@dataclass(frozen=True, slots=True)
-class FileDigest:
-    """What a sidecar records about one file."""
-
-    size: int
-    xxh3_128: int
-    chunk_bytes: int
-    chunks: tuple[int, ...] = field(default=())  # XXH3-64 of each chunk, in file order
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": SIDECAR_VERSION,
-            "algorithm": "xxh3",
-            "size": self.size,
-            "xxh3_128": f"{self.xxh3_128:032x}",
-            "chunk_bytes": self.chunk_bytes,
-            "chunks_xxh3_64": [f"{h:016x}" for h in self.chunks],
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any) -> FileDigest:
-        if not isinstance(data, dict) or data.get("version") != SIDECAR_VERSION:
-            version = data.get("version") if isinstance(data, dict) else None
-            raise ValueError(f"sidecar version {version!r} is not {SIDECAR_VERSION}")
-        try:
-            return cls(
-                size=int(data["size"]),
-                xxh3_128=int(data["xxh3_128"], 16),
-                chunk_bytes=int(data["chunk_bytes"]),
-                chunks=tuple(int(h, 16) for h in data["chunks_xxh3_64"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"sidecar is malformed: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The outcome of checking one checkpoint against its sidecar."""
-
-    ok: bool
-    sidecar_found: bool
-    reason: str = ""
-    offset: int | None = None  # first bad byte (corrupt only)
-
-
-def sidecar_path(path: PathArg) -> str:
-    return os.fspath(path) + SIDECAR_SUFFIX
-
-
-@contextlib.contextmanager
-def _mapped(path: str) -> Iterator[memoryview]:
-    """The file's bytes, mapped read-only: the page cache streams them, nothing is copied."""
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            yield memoryview(b"")
-            return
-        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = memoryview(mapped)
-            try:
-                yield view
-            finally:
-                view.release()
-
-
-def digest_file(path: PathArg, chunk_bytes: int = CHUNK_BYTES) -> FileDigest:
-    """Size, XXH3-128 of the whole file and XXH3-64 of each chunk (one mapping, GIL released)."""
-    checksum = native.load("checksum")
-    with _mapped(os.fspath(path)) as view:
-        pieces = [view[at : at + chunk_bytes] for at in range(0, len(view), chunk_bytes)]
-        try:
-            whole = checksum.xxh3_128(view)
-            chunks = tuple(checksum.xxh3_64_many(pieces)) if pieces else ()
-        finally:
-            for piece in pieces:
-                piece.release()
-        return FileDigest(len(view), whole, chunk_bytes, chunks)
-
-
-def write_sidecar(path: PathArg, chunk_bytes: int = CHUNK_BYTES) -> str:
-    """Digest `path` and write `<path>.dxsum` atomically; returns the sidecar's path."""
+def write_sidecar(
+    path: PathArg, chunk_bytes: int = CHUNK_BYTES, *, key: bytes | None = None
+) -> str:
+    """Digest `path` and write `<path>.dxsum` atomically (sealed with the site key, if any);
+    returns the sidecar's path."""
     digest = digest_file(path, chunk_bytes)
+    secret = site_key(key)
     target = sidecar_path(path)
-    _write_atomic(target, orjson.dumps(digest.to_dict(), option=orjson.OPT_INDENT_2))
+    _write_atomic(target, _sidecar_bytes(seal(digest, secret) if secret else digest))
     return target
 
 
-def compare(expected: FileDigest, actual: FileDigest) -> Verdict:
-    """Pure: where `actual` departs from `expected` (same chunk size assumed)."""
-    bad_chunk = next(
-        (i for i, (a, b) in enumerate(zip(expected.chunks, actual.chunks, strict=False)) if a != b),
-        None,
-    )
-    if actual.size != expected.size:
-        offset = min(actual.size, expected.size)
-        if bad_chunk is not None:
-            offset = min(offset, bad_chunk * expected.chunk_bytes)
-        kind = "truncated" if actual.size < expected.size else "longer than written"
-        reason = f"{kind}: {actual.size} bytes, {expected.size} were written"
-        return Verdict(False, True, reason, offset)
-    if bad_chunk is not None:
-        return Verdict(
-            False, True, "content differs from what was written", bad_chunk * expected.chunk_bytes
-        )
-    if actual.xxh3_128 != expected.xxh3_128:
-        return Verdict(False, True, "XXH3-128 of the file differs from what was written", None)
-    return Verdict(True, True)
-
-
-def verify(path: PathArg) -> Verdict:
-    """Check `path` against `<path>.dxsum` (a missing checkpoint raises FileNotFoundError)."""
+def verify(path: PathArg, *, key: bytes | None = None) -> Verdict:
+    """Check `path` against `<path>.dxsum`; with a key, the sidecar's HMAC first (a missing
+    checkpoint raises FileNotFoundError)."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    marked = has_marker(path)
     try:
         with open(sidecar_path(path), "rb") as handle:
             raw = handle.read()
     except FileNotFoundError:
-        return Verdict(True, False, "no checksum sidecar")
+        return Verdict(True, False, "no checksum sidecar", marked=marked)
     try:
         expected = FileDigest.from_dict(orjson.loads(raw))
     except (orjson.JSONDecodeError, ValueError) as exc:
-        return Verdict(False, True, f"checksum sidecar unreadable ({exc})")
-    return compare(expected, digest_file(path, expected.chunk_bytes))
+        return Verdict(False, True, f"checksum sidecar unreadable ({exc})", marked=marked)
+    authentic = None
+    if key is not None:
+        problem = authenticate(expected, key)
+        if problem:
+            return Verdict(False, True, problem, marked=marked, authentic=False)
+        authentic = True
+    verdict = compare(expected, digest_file(path, expected.chunk_bytes))
+    return Verdict(
+        verdict.ok, True, verdict.reason, verdict.offset, marked=marked, authentic=authentic
+    )
 
 
 # --- save and load -----------------------------------------------------------------------------
 
 
-def save(obj: Any, path: PathArg, **torch_save_kwargs: Any) -> None:
-    """torch.save to a temp file, rename it into place, then write the sidecar.
+def save(obj: Any, path: PathArg, *, key: bytes | None = None, **torch_save_kwargs: Any) -> None:
+    """torch.save to a temp file, mark it, rename it into place, then write the sidecar
+    (sealed with an HMAC when a site key is given or set in $DENPEX_CKPT_KEY_FILE).
 
-    The old sidecar is removed first, so a crash in between leaves a checkpoint without a
-    sidecar (loaded with a warning), never one with a stale sidecar (refused as corrupt).
-    A file-like `path` is saved as torch.save would, without a sidecar."""
+    The old sidecar is removed first, so a crash in between leaves a marked checkpoint
+    without a sidecar (refused: load the previous one), never one with a stale sidecar.
+    A file-like `path` is saved as torch.save would, without a marker or sidecar."""
     torch = _torch()
     save_fn = _original.get("save", torch.save)
     if not isinstance(path, str | os.PathLike):
@@ -187,14 +133,16 @@ def save(obj: Any, path: PathArg, **torch_save_kwargs: Any) -> None:
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
+        secret = site_key(key)
         save_fn(obj, tmp, **torch_save_kwargs)
-        _fsync_path(tmp)
+        if not add_marker(tmp, "hmac-sha256" if secret else "xxh3"):  # fsyncs when it marks
+            _fsync_path(tmp)
         digest = digest_file(tmp)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(sidecar_path(path))
         os.replace(tmp, path)
         _write_atomic(
-            sidecar_path(path), orjson.dumps(digest.to_dict(), option=orjson.OPT_INDENT_2)
+            sidecar_path(path), _sidecar_bytes(seal(digest, secret) if secret else digest)
         )
     except BaseException as exc:
         with contextlib.suppress(OSError):
@@ -209,38 +157,54 @@ def save(obj: Any, path: PathArg, **torch_save_kwargs: Any) -> None:
         raise
 
 
-def load(path: PathArg, *, strict: bool = False, **torch_load_kwargs: Any) -> Any:
+def load(
+    path: PathArg,
+    *,
+    strict: bool | None = None,
+    key: bytes | None = None,
+    **torch_load_kwargs: Any,
+) -> Any:
     """Verify `path` against its sidecar, then torch.load it.
 
     Corrupt or truncated: raises CheckpointCorrupt (and reports ckpt.load_failure with the first
-    bad offset) before torch.load reads a byte. No sidecar: loads, reporting a warning, unless
-    `strict` (then it refuses, as for a corrupt file). A file-like `path` is loaded unverified."""
+    bad offset) before torch.load reads a byte. No sidecar: refused when the file carries
+    dx.save's marker or a site key is set (HMAC mode: the sidecar's HMAC must verify too),
+    else loaded with a warning; `strict` True or False overrides that choice for a missing
+    sidecar. A file-like `path` is loaded unverified."""
     torch = _torch()
     load_fn = _original.get("load", torch.load)
     if isinstance(path, str | os.PathLike):
-        check(path, strict=strict)
+        check(path, strict=strict, key=key)
     return load_fn(path, **torch_load_kwargs)
 
 
-def check(path: PathArg, *, strict: bool = False) -> Verdict:
-    """verify() plus what load() does about the result: report, and raise when corrupt."""
+def check(path: PathArg, *, strict: bool | None = None, key: bytes | None = None) -> Verdict:
+    """verify() plus what load() does about the result: report, and raise when refused."""
     path = os.fspath(path)
-    verdict = verify(path)
+    secret = site_key(key)
+    verdict = verify(path, key=secret)
     if not verdict.ok:
-        _report(
-            "ckpt.load_failure.checksum_mismatch", path, verdict.offset, {"reason": verdict.reason}
+        detector = (
+            "ckpt.load_failure.sidecar_unauthenticated"
+            if verdict.authentic is False
+            else "ckpt.load_failure.checksum_mismatch"
         )
+        _report(detector, path, verdict.offset, {"reason": verdict.reason})
         raise CheckpointCorrupt(path, verdict.reason, verdict.offset)
     if not verdict.sidecar_found:
-        _report(
-            "ckpt.load_failure.sidecar_missing",
-            path,
-            None,
-            {"suffix": SIDECAR_SUFFIX},
-            severity="error" if strict else "warning",  # strict mode refuses the load
-        )
-        if strict:
-            raise CheckpointCorrupt(path, f"no {SIDECAR_SUFFIX} sidecar (strict mode)")
+        refuse = strict if strict is not None else verdict.marked or secret is not None
+        severity = "error" if refuse else "warning"
+        values = {"suffix": SIDECAR_SUFFIX}
+        if verdict.marked:
+            detector = "ckpt.load_failure.marked_without_sidecar"
+            reason = f"dx.save marked it, but its {SIDECAR_SUFFIX} sidecar is missing"
+        else:
+            detector = "ckpt.load_failure.sidecar_missing"
+            why = "HMAC mode" if strict is None else "strict mode"
+            reason = f"no {SIDECAR_SUFFIX} sidecar ({why})"
+        _report(detector, path, None, values, severity=severity)
+        if refuse:
+            raise CheckpointCorrupt(path, reason)
     return verdict
 
 
@@ -249,17 +213,18 @@ def check(path: PathArg, *, strict: bool = False) -> Verdict:
 _original: dict[str, Any] = {}
 
 
-def protect_torch_checkpoints(*, strict: bool = False) -> None:
-    """Make torch.save write sidecars and torch.load verify them, for code (and libraries,
-    e.g. a trainer's own checkpointing) that call torch.save/torch.load directly:
+def protect_torch_checkpoints(*, strict: bool | None = None, key: bytes | None = None) -> None:
+    """Make torch.save write markers and sidecars and torch.load verify them, for code (and
+    libraries, e.g. a trainer's own checkpointing) that call torch.save/torch.load directly:
 
         from denpex.sdk.checkpoint import protect_torch_checkpoints
-        protect_torch_checkpoints()          # strict=True: refuse files without a sidecar
+        protect_torch_checkpoints()          # strict=True: refuse every file without a sidecar
         trainer.train()                      # every torch.save/torch.load to a path is checked
 
-    Only saves and loads by file path are covered (file objects pass through unchanged), and
-    only calls through the `torch` module's attributes (not `from torch import save` made
-    before). Idempotent; undo with unprotect_torch_checkpoints()."""
+    strict and key as for load(). Only saves and loads by file path are covered (file
+    objects pass through unchanged), and only calls through the `torch` module's attributes
+    (not `from torch import save` made before). Idempotent; undo with
+    unprotect_torch_checkpoints()."""
     torch = _torch()
     if _original:
         return
@@ -269,11 +234,11 @@ def protect_torch_checkpoints(*, strict: bool = False) -> None:
         if args:  # positional torch.save options: pass through untouched
             _original["save"](obj, f, *args, **kwargs)
         else:
-            save(obj, f, **kwargs)
+            save(obj, f, key=key, **kwargs)
 
     def protected_load(f: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(f, str | os.PathLike) and os.path.isfile(f):
-            check(f, strict=strict)
+            check(f, strict=strict, key=key)
         return _original["load"](f, *args, **kwargs)
 
     torch.save, torch.load = protected_save, protected_load
@@ -304,6 +269,10 @@ def _fsync_path(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _sidecar_bytes(digest: FileDigest) -> bytes:
+    return orjson.dumps(digest.to_dict(), option=orjson.OPT_INDENT_2)
 
 
 def _write_atomic(path: str, data: bytes) -> None:

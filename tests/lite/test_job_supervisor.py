@@ -110,8 +110,8 @@ def test_nothing_of_the_job_outlives_a_normal_run(tmp_path: Path, mode: str) -> 
 
 def test_orphans_are_adopted_and_reaped_by_the_supervisor(tmp_path: Path) -> None:
     pidfile, daemon = tmp_path / "child.pid", tmp_path / "daemon.pid"
-    proc = subprocess.Popen(launch("pipe", [*CHILD, "daemon", str(pidfile), str(daemon)]),
-                            env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)  # fmt: skip
+    args = launch("pipe", [*CHILD, "daemon", str(pidfile), str(daemon)])
+    proc = subprocess.Popen(args, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     try:
         child_pid, daemon_pid = int(wait_for_file(pidfile)), int(wait_for_file(daemon))
         supervisor = ppid_of(child_pid)
