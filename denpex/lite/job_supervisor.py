@@ -15,12 +15,14 @@ END_GRACE_S. The subtree is complete by construction: a subreaper's descendants 
 descendants. Only a process that changes its credentials (setuid) can refuse the signal.
 
 The supervisor never returns into the caller's stack (it always ends in os._exit), never
-writes to the job's output, and never signals a process outside its own subtree.
+writes to the job's output, and never signals a process that is not the job's (its own
+subtree and the job's process group).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -180,6 +182,7 @@ def _supervise(
     parent: int,
     mask: Iterable[int],
 ) -> int:
+    gc.disable()  # a collected copy of one of denpex's files would close a descriptor of ours
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     keep = keep | {wake_r, wake_w}
     _close_all_but(keep)
