@@ -18,7 +18,8 @@ from typing import Any
 
 from denpex.agent.api import AgentApi
 from denpex.agent.config import AgentConfig
-from denpex.agent.exposition import AgentView
+from denpex.agent.delivery import Delivery
+from denpex.agent.exposition import AgentView, SelfMetric
 from denpex.agent.jobs import JobTable
 from denpex.agent.pipeline import Pipeline
 from denpex.agent.registry import COLLECTORS
@@ -47,6 +48,7 @@ class Agent:
         self.catalog = catalog or load_catalog(local=config.signatures_local)
         self.jobs = JobTable(config.roots)
         self.shipper: Any = None
+        self.delivery: Delivery | None = None
         self.pipeline = Pipeline(
             self.catalog,
             self.jobs,
@@ -97,8 +99,13 @@ class Agent:
     def context(self) -> CollectContext:
         return CollectContext(self.config.roots, self.config.host, self.jobs.snapshot())
 
-    def _on_result(self, state: CollectorState, found: list[Observation]) -> None:
-        self.pipeline.ingest(found)
+    def _on_result(
+        self,
+        state: CollectorState,
+        found: list[Observation],
+        ack: Callable[[], None] | None = None,
+    ) -> None:
+        self.pipeline.ingest(found, ack)
         for item in found:
             if isinstance(item, Event) and item.source == "agent":
                 print(f"denpex agent: {item.body}", file=sys.stderr, flush=True)
@@ -106,14 +113,14 @@ class Agent:
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
         self.build_collectors()
-        self._start_shipper()
+        self._start_delivery()
         self.view = AgentView(
             host=self.config.host,
             pipeline=self.pipeline,
             states=lambda: list(self.states),
             unavailable=lambda: dict(self.unavailable),
             help_texts=self.help_texts,
-            extra=[self._shipper_stats],
+            extra=[self._delivery_metrics],
         )
         self.api = AgentApi(self.config.listen, self.view, self.health, self.refresh)
         self.api.start()
@@ -136,41 +143,23 @@ class Agent:
         self.scheduler = Scheduler(self.states, self.context, self._on_result)
         self.scheduler.start()
 
-    def _start_shipper(self) -> None:
-        """With an OTLP endpoint: evidence through the disk spool (at least once), metrics as
-        a periodic snapshot (best effort)."""
-        otlp = self.config.otlp
-        if not otlp.get("endpoint"):
+    def _start_delivery(self) -> None:
+        """With an OTLP endpoint: evidence through the handoff into the disk spool (at least
+        once, positions committed after), metrics as a periodic snapshot (best effort)."""
+        self.delivery = Delivery.from_config(self.config, self.help_texts())
+        if self.delivery is None:
             return
-        from denpex.agent.otlp import OtlpHttpExporter
-        from denpex.agent.shipper import Shipper
-        from denpex.agent.spool import Spool
-
-        spool = self.config.spool
-        self.shipper = Shipper(
-            Spool(
-                self.config.state_dir / "spool",
-                max_bytes=int(spool["max_bytes"]),
-                max_age_s=float(spool["max_age_s"]),
-                fsync=str(spool["fsync"]),
-            ),
-            OtlpHttpExporter(
-                str(otlp["endpoint"]),
-                protocol=str(otlp["protocol"]),
-                headers={str(k): str(v) for k, v in (otlp.get("headers") or {}).items()},
-                timeout_s=float(otlp["timeout_s"]),
-            ),
-            helps=self.help_texts(),
-        )
-        self.pipeline.evidence_sinks.append(self.shipper.submit_evidence)
-        self.shipper.start()
-        interval = float(otlp.get("metrics_interval_s") or 30)
+        self.shipper = self.delivery.shipper
+        self.pipeline.handoff = self.delivery.handoff
+        self.delivery.start()
+        interval = float(self.config.otlp.get("metrics_interval_s") or 30)
         threading.Thread(
             target=self._send_metrics, args=(interval,), name="otlp-metrics", daemon=True
         ).start()
 
     def _send_metrics(self, interval_s: float) -> None:
         while not self._stopping.wait(interval_s):
+            self.pipeline.handoff.flush()  # space may have returned with no poll since
             snapshot = [
                 metric(
                     name,
@@ -185,19 +174,13 @@ class Agent:
             ]
             self.shipper.submit_metrics(snapshot)
 
-    def _shipper_stats(self) -> dict[str, float]:
-        if self.shipper is None:
-            return {}
-        stats = self.shipper.stats()
-        flat = {
-            "otlp_sent_total": stats["sent_total"],
-            "otlp_failed_exports_total": stats["failed_total"],
-            "otlp_backlog_records": stats["backlog"],
-            "otlp_last_success_timestamp_seconds": (stats["last_success_ns"] or 0) / 1e9,
-        }
-        for reason, count in stats["dropped_by_reason"].items():
-            flat[f"otlp_dropped_{reason}_total"] = count
-        return {k: float(v) for k, v in flat.items()}
+    def _delivery_metrics(self) -> list[SelfMetric]:
+        sink_errors = SelfMetric(
+            "pipeline_sink_errors_total",
+            "Batches a best-effort evidence or metric sink failed to take",
+            self.pipeline.stats.sink_errors,
+        )
+        return [sink_errors, *(self.delivery.metrics() if self.delivery else [])]
 
     def stop(self) -> None:
         self._stopping.set()
@@ -208,8 +191,8 @@ class Agent:
             state.collector.close()
         if self.api is not None:
             self.api.stop()
-        if self.shipper is not None:
-            self.shipper.stop(timeout=5.0)
+        if self.delivery is not None:
+            self.delivery.stop(timeout_s=5.0)
 
     def reload(self, config: AgentConfig) -> None:
         """Apply a new configuration: collectors restart with their new settings; the
@@ -311,13 +294,19 @@ class Agent:
                 "last_error": state.last_error or None,
                 "degraded": blind_reason,
             }
-        return {
-            "status": "unhealthy" if blind else "ok",
+        status = "unhealthy" if blind else "ok"
+        report: dict[str, Any] = {
+            "status": status,
             "host": self.config.host,
             "blind": blind,
             "collectors": collectors,
             "unavailable": dict(self.unavailable),
         }
+        if self.delivery is not None:
+            spool = report["spool"] = self.delivery.health()
+            if spool["status"] != "ok" and status == "ok":
+                report["status"] = "degraded"  # seeing, but what it sees is not kept
+        return report
 
     def help_texts(self) -> dict[str, str]:
         texts: dict[str, str] = {}

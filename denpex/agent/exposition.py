@@ -6,7 +6,7 @@ denpex.agent.metric_names (`denpex_<name>`, counters end in `_total`), shared wi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.exposition import generate_latest
@@ -18,6 +18,17 @@ from denpex.agent.pipeline import Pipeline
 from denpex.agent.scheduler import CollectorState
 
 
+@dataclass(frozen=True, slots=True)
+class SelfMetric:
+    """One sample of the agent's own state (delivery, spool): `name` without the prefix,
+    a counter's ending in `_total`."""
+
+    name: str
+    help: str
+    value: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class AgentView:
     """Everything `/metrics` shows, read at scrape time."""
@@ -27,7 +38,7 @@ class AgentView:
     states: Callable[[], list[CollectorState]]
     unavailable: Callable[[], Mapping[str, str]]
     help_texts: Callable[[], Mapping[str, str]]
-    extra: list[Callable[[], Mapping[str, float]]] = field(default_factory=list)
+    extra: list[Callable[[], Iterable[SelfMetric]]] = field(default_factory=list)
 
     def collect(self) -> Iterator[Metric]:
         yield from self._collector_values()
@@ -93,12 +104,18 @@ class AgentView:
         lines.add_sample(lines.name + "_total", {}, self.pipeline.stats.lines)
         yield lines
 
+        families: dict[str, Metric] = {}
         for extra in self.extra:
-            for name, value in sorted(extra().items()):
-                counter = name.endswith("_total")
-                metric = (_counter if counter else _gauge)(name.removesuffix("_total"), name)
-                metric.add_sample(metric.name + ("_total" if counter else ""), {}, value)
-                yield metric
+            for sample in extra():
+                counter = sample.name.endswith("_total")
+                base = sample.name.removesuffix("_total")
+                family = families.get(base)
+                if family is None:
+                    family = families[base] = (_counter if counter else _gauge)(base, sample.help)
+                family.add_sample(
+                    family.name + ("_total" if counter else ""), dict(sample.labels), sample.value
+                )
+        yield from families.values()
 
 
 def _gauge(name: str, doc: str) -> Metric:

@@ -1,8 +1,9 @@
 """OTLP/HTTP for the node agent: pure encoders from Evidence/Event to OTLP log and metric
 requests (protobuf or OTLP JSON), and an exporter that POSTs them to any OTLP endpoint.
 
-Encoders never do I/O; the exporter never retries by itself and never raises for a failed
-export: it says whether the failure is worth retrying, and the caller decides.
+Encoders never do I/O; the exporter never retries by itself, never follows a redirect (a 3xx
+is a failed delivery, not a success) and never raises for a failed export: it says what the
+status means (retry later, split the batch, or refused for good) and the caller decides.
 
 Metric names and descriptions follow denpex.agent.metric_names, the rule /metrics uses
 (`denpex_psi_some_avg10_ratio`, counters ending in `_total`), so that a series scraped from
@@ -42,7 +43,23 @@ SCOPE_NAME = "denpex"
 SEVERITY = {"info": (9, "INFO"), "warning": (13, "WARN"), "error": (17, "ERROR")}
 SEVERITY["critical"] = (21, "FATAL")
 PROTOCOLS = {"http/protobuf": "application/x-protobuf", "http/json": "application/json"}
-RETRYABLE_STATUS = frozenset((429, 502, 503, 504))
+Outcome = Literal["success", "retryable", "too_large", "permanent"]
+
+
+def outcome_of(status: int) -> Outcome:
+    """What an HTTP status means for a batch: 2xx delivered; 408, 429 and 5xx later again
+    (with backoff, after any Retry-After); 413 smaller; a 3xx is a misconfigured endpoint,
+    retried like an outage (the batch stays); any other 4xx will refuse the same bytes
+    again (400, 401, 403, 404, 422: the dead-letter segment)."""
+    if 200 <= status < 300:
+        return "success"
+    if status in (408, 429) or status >= 500 or 300 <= status < 400:
+        return "retryable"
+    if status == 413:
+        return "too_large"
+    return "permanent"
+
+
 _Resource = tuple[str | None, str | None, str | None]  # host, job, tenant
 
 
@@ -202,7 +219,7 @@ def parse(data: bytes, message: Message, content_type: str) -> Message:
 class ExportResult:
     """What one POST achieved. `rejected` counts records a partial success refused."""
 
-    outcome: Literal["success", "retryable", "permanent"]
+    outcome: Outcome
     status: int | None = None
     retry_after_s: float | None = None
     rejected: int = 0
@@ -248,6 +265,7 @@ class OtlpHttpExporter:
         self.headers = dict(headers or {})
         self.timeout_s = timeout_s
         self.compression = compression
+        self._opener = urllib.request.build_opener(_RefuseRedirects)
 
     def export_logs(
         self, request: ExportLogsServiceRequest, *, timeout_s: float | None = None
@@ -270,20 +288,28 @@ class OtlpHttpExporter:
         req = urllib.request.Request(self.endpoint + path, body, headers, method="POST")
         timeout = self.timeout_s if timeout_s is None else max(0.05, timeout_s)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as reply:
+            with self._opener.open(req, timeout=timeout) as reply:
                 data = reply.read()
                 status, content_type = reply.status, reply.headers.get("Content-Type", "")
         except urllib.error.HTTPError as err:
             detail = _safe_read(err)[:200].decode(errors="replace")
             retry_after = parse_retry_after(err.headers.get("Retry-After"))
-            # Anything else (400, 413, 500, ...) will refuse the same bytes again: permanent.
-            outcome: Literal["retryable", "permanent"] = (
-                "retryable" if err.code in RETRYABLE_STATUS else "permanent"
-            )
-            return ExportResult(outcome, err.code, retry_after, 0, f"HTTP {err.code}: {detail}")
+            message = f"HTTP {err.code}: {detail}"
+            if 300 <= err.code < 400:
+                where = err.headers.get("Location") or "elsewhere"
+                message = f"HTTP {err.code}: redirected to {where}, not followed: fix the endpoint"
+            return ExportResult(outcome_of(err.code), err.code, retry_after, 0, message)
         except (urllib.error.URLError, OSError, ValueError) as err:
             return ExportResult("retryable", None, None, 0, f"{path}: {err}")
         return ExportResult("success", status, None, _rejected(data, response, content_type))
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    """A redirect is never followed: urllib would re-send a POST as a GET without its body
+    and report the redirect target's 200 as a delivery."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # urllib then raises HTTPError with the 3xx status
 
 
 def _safe_read(err: urllib.error.HTTPError) -> bytes:

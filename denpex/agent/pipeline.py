@@ -2,7 +2,9 @@
 
 Lines (kernel log, journal) are matched against the same signature catalog as `denpex scan`;
 detector evidence from collectors passes through; metric events update the current values
-that `/metrics` and OTLP export. Never blocks a collector: sinks take batches and return.
+that `/metrics` and OTLP export. Evidence bound for the disk spool goes through the handoff,
+which acknowledges each poll to its collector once it is durable. Never blocks a collector:
+sinks take batches and return.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from denpex.agent.handoff import Ack, Handoff
 from denpex.agent.jobs import JobTable
 from denpex.catalog import Catalog
 from denpex.core.events import METRIC_RESERVED, Event, Evidence
@@ -69,12 +72,14 @@ class Pipeline:
         metric_ttl_s: float = 300.0,
         evidence_sinks: Iterable[EvidenceSink] = (),
         metric_sinks: Iterable[MetricSink] = (),
+        handoff: Handoff | None = None,
     ) -> None:
         self.catalog = catalog
         self.jobs = jobs
         self.host = host
-        self.evidence_sinks = list(evidence_sinks)
+        self.evidence_sinks = list(evidence_sinks)  # best effort: a failure is counted
         self.metric_sinks = list(metric_sinks)
+        self.handoff = handoff or Handoff()  # the durable sink (the spool), and the acks
         self.stats = PipelineStats()
         self._ring: deque[RingEntry] = deque(maxlen=ring_size)
         self._metrics: dict[MetricKey, MetricValue] = {}
@@ -87,8 +92,11 @@ class Pipeline:
         self._id_prefix = f"{host}:{os.getpid()}:{time.time_ns():x}"
         self._counter = itertools.count(1)
 
-    def ingest(self, observations: Iterable[Event | Evidence]) -> list[Evidence]:
-        """Attribute, match and record one collector poll; returns the new evidence."""
+    def ingest(
+        self, observations: Iterable[Event | Evidence], ack: Ack | None = None
+    ) -> list[Evidence]:
+        """Attribute, match and record one collector poll; returns the new evidence. `ack`
+        (the collector's commit of its position) runs once that evidence is durable."""
         lines: list[Event] = []
         metrics: list[Event] = []
         found: list[Evidence] = []
@@ -107,6 +115,7 @@ class Pipeline:
             if not evidence.id:
                 evidence.id = str(evidence.event.attrs.get("event_id") or self._next_id())
         self._record(found, metrics)
+        self.handoff.submit(found, ack)
         return found
 
     def _next_id(self) -> str:

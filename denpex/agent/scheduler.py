@@ -8,6 +8,7 @@ again until it has.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,8 @@ from denpex.core.collector import CollectContext, Collector, Observation
 from denpex.core.events import Event
 
 ContextFactory = Callable[[], CollectContext]
-ResultSink = Callable[["CollectorState", list[Observation]], None]
+# (state, what one poll found, the commit of the position it reached, run once it is safe)
+ResultSink = Callable[["CollectorState", list[Observation], Callable[[], None] | None], None]
 
 
 @dataclass(slots=True)
@@ -40,6 +42,7 @@ class CollectorState:
     stuck: bool = False
     wake: threading.Event = field(default_factory=threading.Event)  # poll now, not at the due time
     delivered_total: int = 0  # polls whose results the sink has taken
+    commits_total: int = 0  # positions committed after their records were durable
 
     @property
     def name(self) -> str:
@@ -153,8 +156,10 @@ class Scheduler:
         next_due = time.monotonic()
         while not self._stop.is_set():
             found = self.poll_once(state)
-            if found:
-                self.sink(state, found)
+            checkpoint = state.collector.checkpoint()
+            ack = None if checkpoint is None else functools.partial(_commit, state, checkpoint)
+            if found or ack is not None:
+                self.sink(state, found, ack)
             with self._lock:
                 state.delivered_total += 1
             # keep the cadence; a poll that overran skips the slots it missed
@@ -193,7 +198,7 @@ class Scheduler:
                     f"collector {state.name} is stuck: its poll has run longer than its "
                     f"{state.budget_s:g} s budget; its data is stale until it returns"
                 )
-                self.sink(state, [self._agent_event(state, message, "stuck")])
+                self.sink(state, [self._agent_event(state, message, "stuck")], None)
 
     @staticmethod
     def _agent_event(state: CollectorState, message: str, status: str) -> Event:
@@ -204,3 +209,8 @@ class Scheduler:
             kind="state",
             attrs={"collector": state.name, "status": status},
         )
+
+
+def _commit(state: CollectorState, checkpoint: object) -> None:
+    state.collector.commit(checkpoint)
+    state.commits_total += 1

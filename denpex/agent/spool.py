@@ -11,6 +11,12 @@ The CRC covers the length, so a flipped length byte cannot send the reader astra
 bad record the reader resynchronises on the next header whose CRC checks (JSON payloads
 never contain the byte 0x01, so a payload cannot imitate a header).
 
+A failed append (ENOSPC, EIO, a short write followed by an error) leaves every segment
+exactly as it was before the call (the file truncated back to its last good offset, the index
+untouched) and raises SpoolWriteError: nothing of it is acknowledged, and what is appended once
+space returns lands at the offsets the index expects. read() checks each record's CRC again
+instead of trusting the index; a record that fails is skipped and counted, never delivered.
+
 Durability (`fsync` policy); `append()` returning means the records are written:
 - every policy survives a process crash (kill -9): the data is in the page cache after
   write(), and a torn record from a crash mid-write is skipped on the next open;
@@ -24,6 +30,7 @@ A cursor lost to power loss only moves delivery back (duplicates, never loss).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import struct
@@ -49,6 +56,18 @@ Cursor = tuple[int, int]  # (segment sequence number, byte offset after the last
 
 class SpoolLockedError(RuntimeError):
     """Another process (or another Spool in this one) owns the spool directory."""
+
+
+class SpoolWriteError(RuntimeError):
+    """An append that could not be written (the disk is full, an I/O error): nothing of it
+    was kept, the spool is as it was before the call; `errno` is the OS error's."""
+
+    def __init__(self, directory: Path, exc: OSError) -> None:
+        super().__init__(
+            f"spool {directory}: cannot write ({exc.strerror or exc}); nothing of this batch "
+            "was kept"
+        )
+        self.errno = exc.errno
 
 
 @dataclass(slots=True)
@@ -130,6 +149,9 @@ class Spool:
         self._appended = self._acked = 0
         self._dropped = dict.fromkeys(DROP_REASONS, 0)
         self._corrupt_bytes = 0
+        self._write_errors = self._cursor_errors = 0
+        self._last_error = ""  # why the last append failed; "" once one succeeds again
+        self._bad_seen: set[tuple[int, int]] = set()  # (seq, offset) of records failing CRC
         self._cursor: Cursor = self._load_cursor()
         self._load_segments()
         self._delete_acked_segments()
@@ -185,41 +207,92 @@ class Spool:
 
     def append(self, records: list[dict[str, Any]]) -> None:
         """Write `records` (JSON-able dicts) as one batch; on return they are acknowledged
-        in the sense of the fsync policy (module docstring)."""
+        in the sense of the fsync policy (module docstring). Raises SpoolWriteError when
+        they cannot be written, leaving every segment as it was (all or nothing)."""
         if not records:
             return
         now = time.time_ns()
         blobs = [encode_record(jsonio.dumps(r), now) for r in records]
         with self._lock:
-            batch: list[bytes] = []  # records bound for the live segment, written in one go
-            queued = 0
-            total = self._total_bytes()
-            live = self._live()
-            for blob in blobs:
-                if len(blob) > self.max_bytes:
-                    self._dropped["size"] += 1
-                    continue
-                end = (live.size if live else 0) + queued + len(blob)
-                fits = (
-                    live is not None
-                    and (live.size + queued == 0 or end <= self.segment_bytes)
-                    and total + queued + len(blob) <= self.max_bytes
-                )
-                if not fits:
-                    self._commit(batch, now)
-                    batch, queued = [], 0
-                    self._make_room(len(blob))
-                    live = self._writable_segment(len(blob))
-                    total = self._total_bytes()
-                batch.append(blob)
-                queued += len(blob)
-            self._commit(batch, now)
-            self._maybe_fsync(force=self.fsync == "always")
+            mark = self._mark()
+            try:
+                written = self._append_locked(blobs, now)
+            except OSError as exc:
+                self._undo(mark)
+                self._write_errors += 1
+                self._last_error = f"{exc.strerror or exc}"
+                raise SpoolWriteError(self.directory, exc) from exc
+            self._appended += written
+            self._last_error = ""
 
-    def _commit(self, batch: list[bytes], ts_ns: int) -> None:
-        """Write `batch` to the live segment, then index it (an OSError indexes nothing)."""
-        if not batch:
+    def _append_locked(self, blobs: list[bytes], now: int) -> int:
+        batch: list[bytes] = []  # records bound for the live segment, written in one go
+        queued = written = 0
+        total = self._total_bytes()
+        live = self._live()
+        for blob in blobs:
+            if len(blob) > self.max_bytes:
+                self._dropped["size"] += 1
+                continue
+            end = (live.size if live else 0) + queued + len(blob)
+            fits = (
+                live is not None
+                and (live.size + queued == 0 or end <= self.segment_bytes)
+                and total + queued + len(blob) <= self.max_bytes
+            )
+            if not fits:
+                written += self._commit(batch, now)
+                batch, queued = [], 0
+                self._make_room(len(blob))
+                live = self._writable_segment(len(blob))
+                total = self._total_bytes()
+            batch.append(blob)
+            queued += len(blob)
+        written += self._commit(batch, now)
+        self._maybe_fsync(force=self.fsync == "always")
+        return written
+
+    def _mark(self) -> tuple[int, int, int, int]:
+        """Where the live segment ends before an append: (its seq or -1, its size, its record
+        count, the highest seq in use): what _undo() restores."""
+        live = self._live()
+        newest = self._segments[-1].seq if self._segments else -1
+        if live is None:
+            return (-1, 0, 0, newest)
+        return (live.seq, live.size, len(live.offsets), newest)
+
+    def _undo(self, mark: tuple[int, int, int, int]) -> None:
+        """Put the segments back as _mark() found them: segments this append created are
+        deleted, the one it extended is cut back to its last good offset."""
+        live_seq, size, count, newest = mark
+        while self._segments and self._segments[-1].seq > newest:
+            created = self._segments.pop()
+            if self._write_fd >= 0:
+                os.close(self._write_fd)
+                self._write_fd = -1
+            created.path.unlink(missing_ok=True)
+        if not self._segments or self._segments[-1].seq != live_seq:
             return
+        seg = self._segments[-1]
+        del seg.offsets[count:], seg.ends[count:], seg.times[count:]
+        seg.size = size
+        try:
+            if self._write_fd >= 0:
+                os.ftruncate(self._write_fd, size)
+            else:
+                os.truncate(seg.path, size)
+        except OSError:
+            # cannot cut it back: never append to it again; its tail is a torn record that
+            # the next open skips, and the index already ends at the last good one
+            if self._write_fd >= 0:
+                os.close(self._write_fd)
+                self._write_fd = -1
+
+    def _commit(self, batch: list[bytes], ts_ns: int) -> int:
+        """Write `batch` to the live segment, then index it; an OSError (even after a short
+        write) indexes nothing, and append() cuts the segment back."""
+        if not batch:
+            return 0
         seg = self._segments[-1]
         _write_all(self._write_fd, b"".join(batch))
         for blob in batch:
@@ -227,7 +300,7 @@ class Spool:
             seg.times.append(ts_ns)
             seg.size += len(blob)
             seg.ends.append(seg.size)
-        self._appended += len(batch)
+        return len(batch)
 
     def _writable_segment(self, need: int) -> _Segment:
         seg = self._segments[-1] if self._write_fd >= 0 else None
@@ -294,13 +367,26 @@ class Spool:
                     data = f.read(seg.ends[last - 1] - seg.offsets[first])
                 base = seg.offsets[first]
                 for i in range(first, last):
-                    payload = data[seg.offsets[i] - base + HEADER.size : seg.ends[i] - base]
+                    start, end = seg.offsets[i] - base, seg.ends[i] - base
+                    # the index says where a record is; only its CRC says it is still there
+                    if _valid_record_end(data, start) != end:
+                        self._count_bad(seg, i)
+                        continue
                     try:
-                        out.append(jsonio.loads(payload))
+                        out.append(jsonio.loads(data[start + HEADER.size : end]))
                     except ValueError:
-                        self._dropped["corrupt"] += 1  # CRC-valid but not JSON: not ours
+                        self._count_bad(seg, i)  # CRC-valid but not JSON: not ours
                 cursor = (seg.seq, seg.ends[last - 1])
             return cursor, out
+
+    def _count_bad(self, seg: _Segment, index: int) -> None:
+        """A record the index names but the file no longer holds intact: skipped, counted
+        once however often it is read again before the cursor passes it."""
+        key = (seg.seq, seg.offsets[index])
+        if key not in self._bad_seen:
+            self._bad_seen.add(key)
+            self._dropped["corrupt"] += 1
+            self._corrupt_bytes += seg.ends[index] - seg.offsets[index]
 
     def ack(self, cursor: Cursor) -> None:
         """Everything before `cursor` (from read()) is delivered; an older cursor is ignored."""
@@ -310,6 +396,7 @@ class Spool:
                 return
             self._acked += self._count_between(self._cursor, target)
             self._set_cursor(target)
+            self._bad_seen = {key for key in self._bad_seen if key >= target}
             self._delete_acked_segments()
 
     def _expire(self) -> None:
@@ -342,14 +429,22 @@ class Spool:
             seg.path.unlink(missing_ok=True)
 
     def _set_cursor(self, cursor: Cursor) -> None:
+        """Move the ack cursor; persisting it may fail (a full disk): the cursor still moves
+        here and is written with the next one, and a restart meanwhile re-delivers from the
+        older one (duplicates, never loss)."""
         self._cursor = cursor
         tmp = self.directory / "cursor.json.tmp"
-        with open(tmp, "wb") as f:
-            f.write(jsonio.dumps({"segment": cursor[0], "offset": cursor[1]}))
-            if self.fsync == "always":
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.directory / "cursor.json")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(jsonio.dumps({"segment": cursor[0], "offset": cursor[1]}))
+                if self.fsync == "always":
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, self.directory / "cursor.json")
+        except OSError:
+            self._cursor_errors += 1
+            with contextlib.suppress(OSError):
+                tmp.unlink()
 
     # --- counting --------------------------------------------------------------------------
 
@@ -383,6 +478,10 @@ class Spool:
                 "dropped_total": dict(self._dropped),
                 "corrupt_total": self._dropped["corrupt"],
                 "corrupt_bytes_total": self._corrupt_bytes,
+                "write_errors_total": self._write_errors,
+                "cursor_errors_total": self._cursor_errors,
+                "writable": not self._last_error,
+                "last_error": self._last_error or None,
             }
 
     def close(self) -> None:

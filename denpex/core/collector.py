@@ -123,6 +123,18 @@ class Collector(ABC):
             self._fd_watch.stop()
             self._fd_watch = None
 
+    def checkpoint(self) -> object | None:
+        """The source position the last poll reached (a sequence number, a cursor), or None
+        for a source without one. The agent hands it back to `commit` once that poll's
+        records are durably queued; until then the saved position stays where it was, so a
+        crash in between reads them again instead of losing them."""
+        return None
+
+    def commit(self, checkpoint: object) -> None:
+        """Persist `checkpoint` (from `checkpoint()`): every record up to it is safe. Called
+        in poll order, possibly from another thread; never raises for an unwritable file."""
+        return None  # a source without a position has nothing to persist
+
     def degraded(self) -> str | None:
         """Why the collector cannot currently see its source although its polls return (a
         library call stuck past its deadline); None when it sees. `/healthz` turns unhealthy

@@ -1,9 +1,10 @@
 """The journald collector: entries of the system journal, a journal file or a directory.
 
 Runs one long-lived `journalctl -o json --follow` and reads its output non-blocking each
-poll (a bounded number of entries); the cursor of the last entry delivered is kept in
-`state_dir`, so a restart neither loses nor repeats entries. Never blocks a poll on
-journalctl and never leaves it behind as a zombie.
+poll (a bounded number of entries); the cursor of the last entry is kept in `state_dir` once
+the agent commits it (the entries up to it are safe), so a restart loses no entry and repeats
+only those not yet committed. Never blocks a poll on journalctl and never leaves it behind as
+a zombie.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -154,8 +156,9 @@ class JournalCollector(HostCollector):
         state_dir = self.options.get("state_dir")
         self.state_path = Path(state_dir, STATE_FILE) if state_dir else None
         self.source_key = self._source_key()
-        self.cursor: str | None = self._load_cursor()
-        self._saved_cursor = self.cursor
+        self.cursor: str | None = self._load_cursor()  # the last entry read
+        self._saved_cursor = self.cursor  # the last entry committed (on disk)
+        self._state_lock = threading.Lock()  # commit() may come from another thread
         self.proc: subprocess.Popen[bytes] | None = None
         self.truncated_before = 0  # bytes cut by rings of earlier journalctl runs
         self.ring = self._new_ring()
@@ -213,17 +216,29 @@ class JournalCollector(HostCollector):
         cursor = state.get("cursor")
         return cursor if isinstance(cursor, str) and cursor else None
 
-    def _save_cursor(self) -> None:
+    def checkpoint(self) -> tuple[str, str | None] | None:
+        """(source, cursor of the last entry read): what commit() saves once it is safe."""
         if self.state_path is None or self.cursor == self._saved_cursor:
+            return None
+        return (self.source_key, self.cursor)
+
+    def commit(self, checkpoint: object) -> None:
+        assert isinstance(checkpoint, tuple)
+        source: str = checkpoint[0]
+        cursor: str | None = checkpoint[1]
+        if self.state_path is None or source != self.source_key:
             return
-        tmp = self.state_path.with_suffix(".tmp")
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"source": self.source_key, "cursor": self.cursor}))
-            os.replace(tmp, self.state_path)
-        except OSError:
-            return  # an unwritable state dir costs resumption, not collection
-        self._saved_cursor = self.cursor
+        with self._state_lock:
+            if cursor == self._saved_cursor:
+                return
+            tmp = self.state_path.with_suffix(".tmp")
+            try:
+                self.state_path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps({"source": source, "cursor": cursor}))
+                os.replace(tmp, self.state_path)
+            except OSError:
+                return  # an unwritable state dir costs resumption, not collection
+            self._saved_cursor = cursor
 
     # -- the journalctl process ------------------------------------------------------------
     def _start(self) -> bool:
@@ -330,7 +345,6 @@ class JournalCollector(HostCollector):
             event.ts_ns = event.ts_ns or ctx.now_ns
             out.append(event)
             self.entries_total += 1
-        self._save_cursor()
         if gone and self.proc.poll() is None:
             gone = False
         if gone and not self.backlog:

@@ -2,7 +2,9 @@
 
 Reads non-blocking, one record per read(), a bounded number per poll; counts the records the
 ring overwrote before they were read, and (with a `state_dir`) resumes after a restart on the
-same boot without losing or repeating a record. Never matches signatures: the agent does.
+same boot without losing a record: the position is saved only when the agent commits it, once
+the records up to it are safe (a crash before that reads them again). Never matches
+signatures: the agent does.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import errno
 import json
 import os
 import re
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -84,7 +87,8 @@ class KmsgCollector(HostCollector):
         self.state_path: Path | None = None
         if self.options.get("state_dir"):
             self.state_path = Path(self.options["state_dir"], STATE_FILE)
-        self._saved_seq: int | None = None
+        self._saved: tuple[str, int] | None = None  # (boot id, seq) on disk
+        self._state_lock = threading.Lock()  # commit() may come from another thread
 
     def available(self) -> tuple[bool, str]:
         try:
@@ -111,9 +115,9 @@ class KmsgCollector(HostCollector):
             os.lseek(self.fd, 0, os.SEEK_SET)
             if saved is not None and saved.get("boot_id") == self.boot_id:
                 self.tracker.last = int(saved["seq"])
+                self._saved = (self.boot_id, self.tracker.last)
         else:
             os.lseek(self.fd, 0, os.SEEK_END)
-        self._saved_seq = self.tracker.last
         return True
 
     def _load_state(self) -> dict | None:
@@ -128,18 +132,32 @@ class KmsgCollector(HostCollector):
             return None
         return state
 
-    def _save_state(self) -> None:
-        if self.state_path is None or self.tracker.last == self._saved_seq:
+    def checkpoint(self) -> tuple[str, int] | None:
+        """(boot id, last seq read): what commit() saves once those records are safe."""
+        if self.state_path is None or self.tracker.last is None:
+            return None
+        return (self.boot_id, self.tracker.last)
+
+    def commit(self, checkpoint: object) -> None:
+        assert isinstance(checkpoint, tuple)
+        boot_id, seq = str(checkpoint[0]), int(checkpoint[1])
+        with self._state_lock:
+            saved = self._saved
+            if saved is not None and saved[0] == boot_id and saved[1] >= seq:
+                return  # never move back
+            self._save_state(boot_id, seq)
+
+    def _save_state(self, boot_id: str, seq: int) -> None:
+        if self.state_path is None:
             return
-        state = {"boot_id": self.boot_id, "seq": self.tracker.last}
         tmp = self.state_path.with_suffix(".tmp")
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(state))
+            tmp.write_text(json.dumps({"boot_id": boot_id, "seq": seq}))
             os.replace(tmp, self.state_path)
         except OSError:
             return  # an unwritable state dir costs resumption, not collection
-        self._saved_seq = self.tracker.last
+        self._saved = (boot_id, seq)
 
     def read_raw(self, limit: int) -> list[bytes]:
         """Up to `limit` raw records available now (non-blocking)."""
@@ -225,7 +243,6 @@ class KmsgCollector(HostCollector):
             out.append(
                 metric(name, value, source="kmsg", counter=True, host=ctx.host, ts_ns=ctx.now_ns)
             )
-        self._save_state()
         if len(raws) < limit:  # all read: the watch may sleep until the next record
             self.drained()
         elif self._wake is not None:

@@ -1,8 +1,11 @@
 """A real OTLP/HTTP receiver for tests: POST /v1/logs and /v1/metrics, protobuf or JSON,
 decoded with opentelemetry-proto; records log records deduplicated by denpex.event_id.
 
-It can be "down" on demand (answering 503, or stopped and later restarted on the same port).
-It must never be used outside tests: it keeps everything it receives in memory.
+It can be "down" on demand (answering 503, or stopped and later restarted on the same port),
+answer a scripted sequence of statuses (each with Retry-After, a redirect's Location), and
+refuse a request holding more than `max_records` records with 413, as real collectors cap a
+request's size. It must never be used outside tests: it keeps everything it receives in
+memory.
 """
 
 from __future__ import annotations
@@ -42,6 +45,11 @@ class OtlpReceiver:
         self.status = 200  # what to answer; 503 makes it "down" while still listening
         self.retry_after: str | None = None
         self.partial_reject = 0  # reject this many records per request (partial success)
+        self.script: list[int] = []  # statuses for the next requests, one each, then `status`
+        self.max_records: int | None = None  # a request with more records: 413
+        self.location = "/elsewhere"  # where a 3xx points
+        self.answers: list[tuple[int, int]] = []  # (status answered, records in the request)
+        self.gets = 0  # requests that were not POSTs (a followed redirect arrives as a GET)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -98,6 +106,15 @@ class _QuietServer(ThreadingHTTPServer):
         pass  # a client killed mid-request (the kill -9 test) is expected, not an error
 
 
+def _count_records(body: bytes, content_type: str) -> int:
+    try:
+        logs = parse(body, ExportLogsServiceRequest(), content_type or "application/x-protobuf")
+    except Exception:
+        return 0
+    assert isinstance(logs, ExportLogsServiceRequest)
+    return sum(len(s.log_records) for r in logs.resource_logs for s in r.scope_logs)
+
+
 def _handler_for(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -105,14 +122,27 @@ def _handler_for(receiver: OtlpReceiver) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # keep test output clean
 
+        def do_GET(self) -> None:
+            with receiver.lock:
+                receiver.gets += 1
+            self._reply(200, b"a page, not a receiver", "text/plain")
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             if self.headers.get("Content-Encoding") == "gzip":
                 body = gzip.decompress(body)
             content_type = self.headers.get("Content-Type", "")
-            if receiver.status != 200:
+            count = _count_records(body, content_type) if self.path == "/v1/logs" else 0
+            with receiver.lock:
+                status = receiver.script.pop(0) if receiver.script else receiver.status
+                if status == 200 and receiver.max_records is not None:
+                    status = 413 if count > receiver.max_records else 200
+                receiver.answers.append((status, count))
+            if status != 200:
                 extra = {"Retry-After": receiver.retry_after} if receiver.retry_after else {}
-                return self._reply(receiver.status, b"down", "text/plain", extra)
+                if 300 <= status < 400:
+                    extra["Location"] = receiver.location
+                return self._reply(status, b"refused", "text/plain", extra)
             if content_type not in ("application/x-protobuf", "application/json"):
                 return self._reply(415, b"unsupported content type", "text/plain")
             receiver.content_types.append(content_type)

@@ -194,9 +194,15 @@ def test_exporter_partial_success_is_counted(receiver) -> None:
         (429, "retryable"),
         (502, "retryable"),
         (504, "retryable"),
+        (500, "retryable"),
+        (408, "retryable"),
+        (302, "retryable"),  # a redirect is a failed delivery, never followed
+        (413, "too_large"),
         (400, "permanent"),
-        (413, "permanent"),
-        (500, "permanent"),
+        (401, "permanent"),
+        (403, "permanent"),
+        (404, "permanent"),
+        (422, "permanent"),
     ],
 )
 def test_exporter_classifies_failures(receiver, status, outcome) -> None:

@@ -58,11 +58,15 @@ def ctx() -> CollectContext:
 
 
 def poll_until(collector: JournalCollector, count: int, timeout_s: float = 10.0) -> list:
-    """Poll like the scheduler does until `count` line events arrived (or time runs out)."""
+    """Poll like the scheduler does until `count` line events arrived (or time runs out),
+    committing each poll's position as the agent does once its evidence is spooled."""
     events: list = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         events += [o for o in collector.collect(ctx()) if o.kind in ("line", "state")]
+        checkpoint = collector.checkpoint()
+        if checkpoint is not None:
+            collector.commit(checkpoint)
         if len([e for e in events if e.kind == "line"]) >= count:
             break
         time.sleep(0.05)

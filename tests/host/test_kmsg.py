@@ -46,6 +46,15 @@ def ctx(roots: Roots | None = None, jobs=()) -> CollectContext:
     return CollectContext(roots=roots or Roots(), host="node7", jobs=jobs)
 
 
+def collect_and_commit(collector: KmsgCollector, roots: Roots | None = None) -> list:
+    """One poll, and the commit the agent makes once its records are spooled."""
+    found = collector.collect(ctx(roots))
+    checkpoint = collector.checkpoint()
+    if checkpoint is not None:
+        collector.commit(checkpoint)
+    return found
+
+
 def test_unavailable_without_kmsg_says_what_to_do(tmp_path):
     collector = KmsgCollector(Roots(devfs=str(tmp_path)))
     ok, reason = collector.available()
@@ -138,9 +147,9 @@ def test_injected_xid_and_oom_lines_arrive_with_seq_and_time():
 def test_restart_with_persisted_position_loses_and_repeats_nothing(tmp_path):
     options = {"start": "persisted", "state_dir": str(tmp_path), "max_records_per_poll": 100000}
     first = KmsgCollector(Roots(), options)
-    before = lines(first.collect(ctx()))  # no saved state: the whole ring
+    before = lines(collect_and_commit(first))  # no saved state: the whole ring
     inject(b"<6>denpex-persist-one\n")
-    seen_one = lines(first.collect(ctx()))
+    seen_one = lines(collect_and_commit(first))
     last_seq = first.tracker.last
     first.close()
     assert any(e.body == "denpex-persist-one" for e in seen_one)
@@ -167,9 +176,9 @@ def test_a_new_boot_id_reads_the_ring_from_the_beginning(tmp_path):
     roots = Roots(procfs=str(proc))
     options = {"start": "persisted", "state_dir": str(tmp_path / "state")}
     first = KmsgCollector(roots, options)
-    first.collect(ctx(roots))
+    collect_and_commit(first, roots)
     inject(b"<6>denpex-boot-a\n")
-    first.collect(ctx(roots))
+    collect_and_commit(first, roots)
     saved = first.tracker.last
     first.close()
     (proc / "sys/kernel/random/boot_id").write_text("boot-b\n")
