@@ -58,16 +58,19 @@ class SpoolLockedError(RuntimeError):
     """Another process (or another Spool in this one) owns the spool directory."""
 
 
-class SpoolWriteError(RuntimeError):
+class SpoolWriteError(OSError):
     """An append that could not be written (the disk is full, an I/O error): nothing of it
     was kept, the spool is as it was before the call; `errno` is the OS error's."""
 
     def __init__(self, directory: Path, exc: OSError) -> None:
         super().__init__(
+            exc.errno,
             f"spool {directory}: cannot write ({exc.strerror or exc}); nothing of this batch "
-            "was kept"
+            "was kept",
         )
-        self.errno = exc.errno
+
+    def __str__(self) -> str:
+        return str(self.strerror)
 
 
 @dataclass(slots=True)
