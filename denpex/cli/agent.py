@@ -31,7 +31,9 @@ examples:
   denpex agent --once                      # what this node shows right now
   denpex agent --once --json | jq .evidence
   denpex agent --config /etc/denpex/agent.yaml
-  denpex agent --listen 0.0.0.0:9478 --otlp-endpoint http://collector:4318
+  denpex agent --otlp-endpoint http://collector:4318
+  denpex agent spool show --dead-letter    # what the endpoint refused for good
+  denpex agent spool requeue               # ... back into the spool, after fixing it
   # a GPU scenario without a GPU (a fake NVML answers from the scenario file):
   DENPEX_NVML_SHIM=1 DENPEX_NVML_SCENARIO=examples/scenarios/xid79_at_start.yaml \
       denpex agent --once --collectors nvml
@@ -66,6 +68,10 @@ def add_parser(commands) -> None:
         help="run only these collectors (names as in `denpex doctor`)",
     )
     parser.set_defaults(handler=handle)
+    from denpex.cli import agent_spool
+
+    subcommands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
+    agent_spool.add_parser(subcommands, load)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
