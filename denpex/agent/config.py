@@ -6,6 +6,7 @@ here starts a collector or opens a socket.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -18,6 +19,17 @@ import yaml
 from denpex.core.roots import Roots
 
 FSYNC_POLICIES = ("always", "batch", "never")
+METRICS_ACCESS = ("token", "open")
+API_KEYS = (
+    "token_file",
+    "metrics",
+    "tls",
+    "socket",
+    "socket_mode",
+    "socket_group",
+    "max_registrations_per_user",
+)
+TLS_KEYS = ("cert_file", "key_file", "client_ca_file")
 OTLP_PROTOCOLS = ("http/protobuf", "http/json")
 COLLECTOR_KEYS = ("enabled", "interval_s", "budget_s")
 
@@ -52,9 +64,41 @@ class AgentConfig:
     spool: dict[str, Any]
     collectors: dict[str, CollectorConfig]
     source: str = "defaults"
+    api: dict[str, Any] = field(default_factory=dict)
 
     def collector(self, name: str) -> CollectorConfig:
         return self.collectors.get(name) or CollectorConfig()
+
+    @property
+    def socket(self) -> str:
+        """The registration socket: a path, or `@name` for an abstract one."""
+        return str(self.api.get("socket") or self.state_dir / "agent.sock")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listen host or a peer address is this machine only (an IPv4-mapped IPv6
+    address counts as the IPv4 address it carries: `::ffff:127.0.0.1` is loopback)."""
+    if host in ("localhost", ""):
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def file_mode(value: Any) -> int | None:
+    """A permission mode from YAML: "0660", "0o660" or an int (YAML 1.1 reads 0660 as one)."""
+    if isinstance(value, str):
+        try:
+            value = int(value.removeprefix("0o"), 8)
+        except ValueError:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o777:
+        return None
+    return value
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -155,9 +199,12 @@ def _build(data: dict[str, Any], source: str, known: tuple[str, ...]) -> AgentCo
         problems.append("otlp.endpoint: an http:// or https:// URL")
     problems.extend(_server_settings(dict(data.get("server") or {}), otlp))
     try:
-        parse_listen(str(data.get("listen")))
+        listen_host, _port = parse_listen(str(data.get("listen")))
     except ValueError as exc:
         problems.append(str(exc).replace("--listen", "listen"))
+        listen_host = "127.0.0.1"
+    api = dict(data.get("api") or {})
+    problems += _api_problems(api, listen_host)
     for key in ("evidence_ring", "metric_ttl_s"):
         if not isinstance(data.get(key), int | float) or data[key] <= 0:
             problems.append(f"{key}: a positive number")
@@ -199,4 +246,35 @@ def _build(data: dict[str, Any], source: str, known: tuple[str, ...]) -> AgentCo
         spool=spool,
         collectors=collectors,
         source=source,
+        api=api,
     )
+
+
+def _api_problems(api: dict[str, Any], listen_host: str) -> list[str]:
+    problems = [
+        f"api.{k}: unknown setting (known: {', '.join(API_KEYS)})" for k in api if k not in API_KEYS
+    ]
+    if api.get("metrics") not in METRICS_ACCESS:
+        problems.append(f"api.metrics: one of {', '.join(METRICS_ACCESS)}")
+    tls = api.get("tls")
+    if tls is not None:
+        if not isinstance(tls, dict) or set(tls) - set(TLS_KEYS):
+            problems.append(f"api.tls: a mapping of {', '.join(TLS_KEYS)}")
+        elif not (tls.get("cert_file") and tls.get("key_file")):
+            problems.append("api.tls: cert_file and key_file are both needed")
+    mode = file_mode(api.get("socket_mode"))
+    if mode is None:
+        problems.append('api.socket_mode: an octal file mode such as "0660"')
+    else:
+        api["socket_mode"] = mode
+    cap = api.get("max_registrations_per_user")
+    if not isinstance(cap, int) or cap <= 0:
+        problems.append("api.max_registrations_per_user: a positive number")
+    mtls = isinstance(tls, dict) and bool(tls.get("client_ca_file"))
+    if not is_loopback(listen_host) and not api.get("token_file") and not mtls:
+        problems.append(
+            f"listen {listen_host}: reachable from other hosts, and evidence names every "
+            "tenant's jobs: set api.token_file (or api.tls with a client_ca_file), or listen "
+            "on 127.0.0.1"
+        )
+    return problems

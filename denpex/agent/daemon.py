@@ -31,6 +31,7 @@ from denpex.core.events import Event, Evidence, metric
 FAILING_AFTER = 3  # consecutive failed polls before /healthz calls a collector blind
 JOBS_REFRESH_S = 5.0  # how often descendants of registered processes are looked up
 JOBS_IDLE_S = 10.0  # the same check while no job is registered (a registration refreshes now)
+JOBS_SPACING_S = 1.0  # at most one refresh this often: a burst of registrations costs one pass
 
 
 class Agent:
@@ -46,7 +47,9 @@ class Agent:
         self.collector_classes = collector_classes
         self.persist = persist
         self.catalog = catalog or load_catalog(local=config.signatures_local)
-        self.jobs = JobTable(config.roots)
+        self.jobs = JobTable(
+            config.roots, max_per_user=int(config.api.get("max_registrations_per_user") or 256)
+        )
         self.shipper: Any = None
         self.delivery: Delivery | None = None
         self.pipeline = Pipeline(
@@ -122,10 +125,14 @@ class Agent:
             help_texts=self.help_texts,
             extra=[self._delivery_metrics],
         )
-        self.api = AgentApi(self.config.listen, self.view, self.health, self.refresh)
+        self.api = self._make_api(self.config)
         self.api.start()
         self._start_scheduler()
         threading.Thread(target=self._maintain_jobs, name="jobs", daemon=True).start()
+
+    def _make_api(self, config: AgentConfig) -> AgentApi:
+        requeue = self.delivery.requeue_dead_letter if self.delivery is not None else None
+        return AgentApi(config, self.view, self.health, self.refresh, requeue)
 
     def refresh(self, timeout_s: float) -> list[str]:
         """Poll every collector now (for a caller that wants current evidence)."""
@@ -134,10 +141,11 @@ class Agent:
 
     def _maintain_jobs(self) -> None:
         while not self._stopping.is_set():
-            self.jobs.changed.wait(JOBS_REFRESH_S if self.jobs.snapshot() else JOBS_IDLE_S)
+            self.jobs.changed.wait(JOBS_REFRESH_S if self.jobs.count() else JOBS_IDLE_S)
             self.jobs.changed.clear()
             self.jobs.expire()
             self.jobs.refresh()
+            self._stopping.wait(JOBS_SPACING_S)
 
     def _start_scheduler(self) -> None:
         self.scheduler = Scheduler(self.states, self.context, self._on_result)
@@ -203,12 +211,13 @@ class Agent:
             state.collector.close()
             self.pipeline.forget_metrics(state.name)
         listen_changed = config.listen != self.config.listen
+        api_changed = config.api != self.config.api or config.socket != self.config.socket
         self.config = config
         self.jobs.roots = config.roots
         self.build_collectors()
-        if listen_changed and self.api is not None:
+        if (listen_changed or api_changed) and self.api is not None:
             self.api.stop()
-            self.api = AgentApi(config.listen, self.view, self.health, self.refresh)
+            self.api = self._make_api(config)
             self.api.start()
         self._start_scheduler()
 

@@ -62,7 +62,7 @@ class AgentView:
         info.add_sample(PREFIX + "agent_info", {"version": __version__, "host": self.host}, 1)
         yield info
         jobs = _gauge("agent_watched_processes", "Job processes registered with this agent")
-        jobs.add_sample(jobs.name, {}, len(self.pipeline.jobs.snapshot()))
+        jobs.add_sample(jobs.name, {}, self.pipeline.jobs.count())
         yield jobs
 
         states = self.states()

@@ -19,8 +19,10 @@ matched against the same signatures as `denpex scan`; evidence is attributed to 
 rank and pid it concerns.
 
 Serves on --listen (loopback by default): /metrics (Prometheus), /healthz (503 while a
-collector is stuck or failing), /v1/evidence?since=NS (recent evidence as JSON) and
-/v1/register (what `denpex run` uses). With an OTLP endpoint configured, evidence is
+collector is stuck or failing, or the spool cannot write), /v1/evidence?since=NS (recent
+evidence as JSON); off loopback, reads need the bearer token of api.token_file. `denpex
+run` registers its job on the Unix socket api.socket (<state_dir>/agent.sock), where each
+user may register only their own processes. With an OTLP endpoint configured, evidence is
 spooled to disk and delivered at least once; metrics are sent best effort.
 
 SIGHUP reloads --config; SIGTERM or Ctrl-C stops.
@@ -119,10 +121,14 @@ def handle(args: argparse.Namespace) -> int:
     try:
         agent.start()
     except OSError as exc:
-        raise UsageError(f"cannot listen on {config.listen}: {exc.strerror}") from None
+        raise UsageError(
+            f"cannot serve the API on {config.listen} and {config.socket}: {exc.strerror or exc}"
+        ) from None
+    except ValueError as exc:
+        raise UsageError(f"agent configuration: {exc}") from None
     assert agent.api is not None
     print(
-        f"denpex agent: {config.host}: listening on {agent.api.url} "
+        f"denpex agent: {config.host}: listening on {agent.api.url} and {config.socket} "
         f"({len(agent.states)} collectors; unavailable: "
         + (", ".join(f"{k} ({v})" for k, v in agent.unavailable.items()) or "none")
         + ")",

@@ -82,7 +82,8 @@ def _dead_line(entry: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(entry.get("at_ns") or 0) / 1e9))
     status = entry.get("status")
     refused = f"HTTP {status}" if status is not None else "invalid"
-    record = entry.get("record") if isinstance(entry.get("record"), dict) else {}
+    record = entry.get("record")
+    record = record if isinstance(record, dict) else {}
     reason = str(entry.get("reason") or "")[:80]
     return f"{when}  {refused}  {_record_line(record)}  ({reason})"
 
@@ -109,7 +110,7 @@ def _ask_the_running_agent(config: Any) -> int:
     """A running agent owns the spool: it moves them itself (root on its Unix socket)."""
     from denpex.lite.agent_link import AgentLink
 
-    link = AgentLink(str(config.api.get("socket") or ""))
+    link = AgentLink(config.socket)
     moved = link.requeue_dead_letter()
     if moved is None:
         raise UsageError(

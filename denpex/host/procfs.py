@@ -226,7 +226,7 @@ def descendants(roots: Roots, pid: int) -> list[int]:
         kids = children_of(roots, current)
         if kids is None:
             if by_parent is None:
-                by_parent = _children_by_scan(roots)
+                by_parent = children_by_scan(roots)
             kids = by_parent.get(current, [])
         for kid in kids:
             if kid not in seen:
@@ -235,7 +235,8 @@ def descendants(roots: Roots, pid: int) -> list[int]:
     return result
 
 
-def _children_by_scan(roots: Roots) -> dict[int, list[int]]:
+def children_by_scan(roots: Roots) -> dict[int, list[int]]:
+    """Every process's children, from one pass over /proc/<pid>/stat."""
     by_parent: dict[int, list[int]] = {}
     for pid in list_pids(roots):
         stat = read_stat(roots, pid)

@@ -18,6 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from denpex.core import jsonio
+from denpex.core.wire import Registration
+from denpex.lite.agent_link import AgentLink
 from tests import memcg
 from tests.agent.otlp_receiver import OtlpReceiver
 
@@ -45,6 +47,7 @@ class RunningAgent:
         found = re.search(r"listening on (http://\S+)", first)
         assert found, f"the agent did not start: {first!r}"
         self.url = found.group(1)
+        self.socket = str(tmp_path / "state" / "agent.sock")  # registration (denpex run)
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _drain(self) -> None:
@@ -56,10 +59,9 @@ class RunningAgent:
             body = response.read()
         return jsonio.loads(body) if path.startswith("/v1") else body.decode()
 
-    def post(self, path: str, data: dict) -> None:
-        request = urllib.request.Request(self.url + path, data=jsonio.dumps(data), method="POST")
-        with urllib.request.urlopen(request, timeout=5):
-            pass
+    def register(self, registration: Registration) -> None:
+        link = AgentLink(self.socket, timeout_s=5)
+        assert link.register(registration), link.reason
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -122,7 +124,7 @@ def test_a_real_oom_kill_is_attributed_to_the_registered_job(agent):
             [sys.executable, "-c", memcg.HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
         memcg.enter(folder, hog.pid)
-        agent.post("/v1/register", {"pid": hog.pid, "job": "oom-e2e", "rank": 3, "cgroup": cgroup})
+        agent.register(Registration(pid=hog.pid, job="oom-e2e", rank=3, cgroup=cgroup))
         time.sleep(1.2)  # one cgroup poll records the baseline before the kill
         hog.communicate(b"go\n", timeout=30)
         assert hog.returncode == -9, "the hog was not OOM-killed"
@@ -157,7 +159,7 @@ else:
 
 
 def test_denpex_run_registers_its_job_and_unregisters_at_the_end(agent, tmp_path):
-    env = {**os.environ, "DENPEX_AGENT_URL": agent.url, "SLURM_JOB_ID": "4711"}
+    env = {**os.environ, "DENPEX_AGENT_SOCKET": agent.socket, "SLURM_JOB_ID": "4711"}
     done = subprocess.run(
         [
             *(sys.executable, "-m", "denpex", "run", "--quiet", "--no-pty", "--"),
@@ -269,7 +271,7 @@ def test_denpex_run_adds_the_agents_evidence_to_its_diagnosis(agent, tmp_path):
     if why_not:
         pytest.skip(why_not)
     report = tmp_path / "report.json"
-    env = {**os.environ, "DENPEX_AGENT_URL": agent.url}
+    env = {**os.environ, "DENPEX_AGENT_SOCKET": agent.socket}
     with memcg.memory_cgroup() as (folder, _cgroup):
         run = subprocess.Popen(
             [

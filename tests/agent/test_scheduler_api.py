@@ -6,6 +6,7 @@ keep their cadence; the API must answer Prometheus text and evidence JSON.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import urllib.error
@@ -20,6 +21,8 @@ from denpex.agent.daemon import Agent
 from denpex.core import jsonio
 from denpex.core.collector import CollectContext, Collector
 from denpex.core.events import Event, metric
+from denpex.core.wire import Registration
+from denpex.lite.agent_link import AgentLink
 
 RELEASE = threading.Event()
 
@@ -139,20 +142,22 @@ def test_evidence_and_registration_over_http(agent):
     assert jsonio.loads(get(url + f"/v1/evidence?since={future}")[1])["evidence"] == []
     assert get(url + "/v1/evidence?since=yesterday")[0] == 400
 
-    request = urllib.request.Request(
-        url + "/v1/register", data=b'{"pid": 4242, "job": "llama", "rank": 1}', method="POST"
+    over_tcp = urllib.request.Request(
+        url + "/v1/register", data=b'{"pid": 4242, "job": "llama"}', method="POST"
     )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        assert response.status == 201
-    jobs = jsonio.loads(get(url + "/v1/jobs")[1])["jobs"]
-    assert jobs == [{"pid": 4242, "job": "llama", "rank": 1}]
-    bad = urllib.request.Request(url + "/v1/register", data=b'{"pid": "x"}', method="POST")
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(bad, timeout=5)
-    assert refused.value.code == 400 and b"pid" in refused.value.read()
-    gone = urllib.request.Request(url + "/v1/register/4242", method="DELETE")
-    with urllib.request.urlopen(gone, timeout=5) as response:
-        assert response.status == 204
+        urllib.request.urlopen(over_tcp, timeout=5)
+    assert refused.value.code == 403 and b"Unix socket" in refused.value.read()
+
+    link = AgentLink(agent.config.socket, timeout_s=5)
+    me = os.getpid()
+    assert link.register(Registration(pid=me, job="llama", rank=1)), link.reason
+    jobs = jsonio.loads(get(url + "/v1/jobs")[1])["jobs"]
+    assert [(j["pid"], j["job"], j["rank"]) for j in jobs] == [(me, "llama", 1)]
+    assert not link._call("POST", "/v1/register", b'{"pid": "x"}')
+    assert "400" in link.reason and "pid" in link.reason
+    assert link.unregister(me), link.reason
+    assert not link.unregister(me) and "404" in link.reason
     assert get(url + "/nowhere")[0] == 404
 
 

@@ -117,9 +117,8 @@ def test_a_short_write_then_an_error_is_cut_back(tmp_path, error, short) -> None
     with Spool(tmp_path, fsync="never") as spool:
         spool.append([rec(i) for i in range(5)])
         on_disk = segments(tmp_path)
-        with failing_writes(spool._write_fd, short=short, then=error):
-            with pytest.raises(OSError):
-                spool.append([rec(10), rec(11), rec(12)])
+        with failing_writes(spool._write_fd, short=short, then=error), pytest.raises(OSError):
+            spool.append([rec(10), rec(11), rec(12)])
         assert segments(tmp_path) == on_disk
         spool.append([rec(20), rec(21)])
         assert read_all(spool) == [*(rec(i) for i in range(5)), rec(20), rec(21)]
