@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from denpex.agent.config import ConfigError, load_config
@@ -62,3 +64,22 @@ def test_unknown_settings_and_unreadable_files_are_refused(tmp_path):
     path.write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(str(path))
+
+
+def test_the_shipped_configurations_load_and_never_listen_off_loopback_without_a_token(
+    tmp_path,
+):
+    import yaml
+
+    from denpex.agent.config import is_loopback, parse_listen
+
+    bundle = Path(__file__).resolve().parents[2] / "dist_scripts" / "bundle"
+    config = load_config(str(bundle / "config" / "agent.yaml"))
+    assert is_loopback(parse_listen(config.listen)[0])
+    documents = list(yaml.safe_load_all((bundle / "k8s" / "daemonset.yaml").read_text()))
+    (config_map,) = [d for d in documents if d["kind"] == "ConfigMap"]
+    path = tmp_path / "agent.yaml"
+    path.write_text(config_map["data"]["agent.yaml"])
+    daemonset = load_config(str(path))
+    assert not is_loopback(parse_listen(daemonset.listen)[0])
+    assert daemonset.api["token_file"] and daemonset.api["metrics"] == "open"
