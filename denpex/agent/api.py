@@ -203,7 +203,9 @@ class AgentApi:
         jobs = self.view.pipeline.jobs
         uid = request.peer.uid
         owner = process_uid(jobs.roots, registration.pid)
-        if owner is None:
+        # a short job is often gone by the time denpex's analyzer registers it: root may still
+        # claim its evidence (the pid cannot be checked any more, root is trusted anyway)
+        if owner is None and uid != 0:
             raise ApiError(HTTPStatus.NOT_FOUND, f"no process {registration.pid} here")
         if uid != 0 and owner != uid:
             raise ApiError(

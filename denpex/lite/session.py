@@ -100,6 +100,9 @@ class LiteSession:
             )
             if link.register(registration):
                 session.agent = link
+            elif link.reason and not link.reason.startswith("no agent on"):
+                # an agent runs here but refused the job: its evidence is missing, say why
+                session.notes.append(f"node agent evidence not included: {link.reason}")
         return session
 
     # -- input ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@ for real, a process OOM-killed for real, and `denpex run` registering with it.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -147,7 +148,7 @@ def test_a_real_oom_kill_is_attributed_to_the_registered_job(agent):
 CHILD_CHECKS_REGISTRATION = """
 import json, os, sys, time, urllib.request
 url = sys.argv[1]
-for _ in range(100):
+for _ in range(600):  # denpex registers the job once its analyzer has loaded the catalog
     jobs = json.load(urllib.request.urlopen(url + "/v1/jobs"))["jobs"]
     if any(job["pid"] == os.getpid() for job in jobs):
         print("registered as", [j["job"] for j in jobs if j["pid"] == os.getpid()][0])
@@ -261,6 +262,26 @@ def ebpf_oom_unavailable(agent: RunningAgent) -> str | None:
     return f"the eBPF oom program is not attached here: {said[-1].strip()}"
 
 
+def _job_once_running(root: int, command: str, timeout_s: float) -> int:
+    """The descendant of root that runs `python -c command`, as soon as it does."""
+    want = [b"-c", command.encode()]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            with contextlib.suppress(OSError):
+                todo += map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                # denpex's own command line holds the job's: match argv[1:] exactly
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3] == want:
+                    return pid
+        time.sleep(0.05)
+    raise AssertionError(f"the job did not start within {timeout_s} s")
+
+
 @pytest.mark.skipif(memcg.unavailable_reason() is not None, reason=str(memcg.unavailable_reason()))
 def test_denpex_run_adds_the_agents_evidence_to_its_diagnosis(agent, tmp_path):
     """The run's own kernel-log and cgroup watches see the kill; the agent's eBPF OOM victim
@@ -283,13 +304,13 @@ def test_denpex_run_adds_the_agents_evidence_to_its_diagnosis(agent, tmp_path):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        time.sleep(1.0)  # denpex run has started its job
-        memcg.enter(folder, run.pid)
-        for child in Path(f"/proc/{run.pid}/task/{run.pid}/children").read_text().split():
-            memcg.enter(folder, int(child))  # the job and denpex's analyzer
-        run.communicate(b"go\n", timeout=60)
+        # only the job moves into the small cgroup, once it runs (denpex's analyzer may still
+        # be loading its catalog: charged there, it would be the one killed)
+        memcg.enter(folder, _job_once_running(run.pid, memcg.HOG, timeout_s=60))
+        _, err = run.communicate(b"go\n", timeout=60)
+    assert report.exists(), err.decode(errors="replace")
     diagnosis = jsonio.loads(report.read_text())
     assert run.returncode == 137 and diagnosis["root_cause"]["category"] == "host.oom_killed"
     sources = {entry["source"] for entry in diagnosis["timeline"]}
-    assert "ebpf.oom" in sources, diagnosis
+    assert "ebpf.oom" in sources, diagnosis["notes"]
     assert any("from the node agent" in note for note in diagnosis["notes"])
