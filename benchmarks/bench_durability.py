@@ -187,7 +187,7 @@ class Ring:
                 seq * 1000,
                 "-",
                 f"NVRM: Xid (PCI:0000:3b:00): 79, pid={seq}, GPU has fallen off the bus.",
-            )  # fmt: skip
+            )
         )
         self.dev, self.proc = root / "dev", root / "proc"
         self.dev.mkdir()
