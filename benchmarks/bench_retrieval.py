@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from denpex.catalog import load_catalog
 from denpex.retrieval.block import query_text
@@ -80,6 +79,15 @@ def score_part(name: str, items, index, bm25, embedder, k: int) -> dict:
     return result
 
 
+def per_query(fn, queries) -> float:
+    """Mean ms of one call of `fn` over `queries` (after one warm-up call)."""
+    fn(queries[0])
+    started = time.perf_counter()
+    for q in queries:
+        fn(q)
+    return round(1000 * (time.perf_counter() - started) / len(queries), 3)
+
+
 def crossover(sizes: list[int], dim: int = 384, queries: int = 20) -> list[dict]:
     """ms per top-10 query: numpy over vectors read from SQLite each query (what a store
     without a cache does), numpy over vectors kept in memory, and sqlite-vec's vec0 table."""
@@ -108,23 +116,16 @@ def crossover(sizes: list[int], dim: int = 384, queries: int = 20) -> list[dict]
                 ((i, r.tobytes()) for i, r in enumerate(data)),
             )
 
-        def per_query(fn) -> float:
-            fn(qs[0])
-            started = time.perf_counter()
-            for q in qs:
-                fn(q)
-            return round(1000 * (time.perf_counter() - started) / len(qs), 3)
-
-        def numpy_memory(q):
+        def numpy_memory(q, data=data):
             scores = data @ q
             return np.argpartition(-scores, 9)[:10]
 
-        def numpy_from_db(q):
+        def numpy_from_db(q, db=db):
             got = db.execute("SELECT v FROM blobs").fetchall()
             mat = np.frombuffer(b"".join(r[0] for r in got), np.float32).reshape(-1, dim)
             return np.argpartition(-(mat @ q), 9)[:10]
 
-        def sqlite_vec_knn(q):
+        def sqlite_vec_knn(q, db=db):
             return db.execute(
                 "SELECT rowid FROM vec WHERE v MATCH ? AND k = 10", (q.tobytes(),)
             ).fetchall()
@@ -133,9 +134,9 @@ def crossover(sizes: list[int], dim: int = 384, queries: int = 20) -> list[dict]
         rows.append(
             {
                 "vectors": n,
-                "numpy_in_memory_ms": per_query(numpy_memory),
-                "numpy_read_from_sqlite_ms": per_query(numpy_from_db),
-                "sqlite_vec_ms": per_query(sqlite_vec_knn),
+                "numpy_in_memory_ms": per_query(numpy_memory, qs),
+                "numpy_read_from_sqlite_ms": per_query(numpy_from_db, qs),
+                "sqlite_vec_ms": per_query(sqlite_vec_knn, qs),
                 "same_top10": same,
             }
         )
