@@ -24,6 +24,7 @@ from denpex.catalog import load_catalog
 from denpex.retrieval.block import query_text
 from denpex.retrieval.bm25 import Bm25Index
 from denpex.retrieval.embedding import Embedder
+from denpex.retrieval.fusion import DEPTH, fuse
 from denpex.retrieval.runbook import runbook_index
 from tests.test_corpus import REAL_PART, SYNTHETIC, diagnose_file
 
@@ -44,7 +45,7 @@ def score_part(name: str, items, index, bm25, embedder, k: int) -> dict:
     started = time.perf_counter()
     vectors = embedder.encode(queries)
     embed_s = time.perf_counter() - started
-    totals = {"embedding": [0, 0, 0], "bm25": [0, 0, 0]}
+    totals = {"embedding": [0, 0, 0], "bm25": [0, 0, 0], "hybrid": [0, 0, 0]}
     own_total = 0
     misses: list[str] = []
     for (entry, diag), query, vec in zip(items, queries, vectors, strict=True):
@@ -52,9 +53,11 @@ def score_part(name: str, items, index, bm25, embedder, k: int) -> dict:
         signature = diag["root_cause"].get("signature")
         right = diag["root_cause"]["category"] == want and signature
         own_total += bool(right)
+        deep_vec, deep_bm25 = index.search(vec, DEPTH), bm25.search(query, DEPTH)
         for ranker, hits in (
-            ("embedding", index.search(vec, k)),
-            ("bm25", bm25.search(query, k)),
+            ("embedding", deep_vec[:k]),
+            ("bm25", deep_bm25[:k]),
+            ("hybrid", fuse([deep_vec, deep_bm25], k)),
         ):
             cats = [h.passage.category for h in hits]
             totals[ranker][0] += want in cats
@@ -163,6 +166,7 @@ def main() -> int:
         "embedding_category_recall": TARGET,
         "met": all(p["embedding"][key] >= TARGET for p in parts),
         "embedding_beats_bm25": all(p["embedding"][key] >= p["bm25"][key] for p in parts),
+        "hybrid_met": all(p["hybrid"][key] >= TARGET for p in parts),
     }
     if not args.no_crossover:
         out["crossover"] = crossover([int(s) for s in args.sizes.split(",")])

@@ -68,7 +68,16 @@ def report_options(args: argparse.Namespace, *, json_stdout: bool = False) -> Re
         text=not args.quiet,
         color=args.color,
         sinks=server_sinks(),
+        incidents=similar_incidents(),
     )
+
+
+def similar_incidents():
+    """The control plane's similar past incidents for the retrieval block, when a server is
+    configured (DENPEX_SERVER_URL) and retrieval is on; else None."""
+    from denpex.control.client import similar_incidents_source
+
+    return similar_incidents_source()
 
 
 def server_sinks() -> list:

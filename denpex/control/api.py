@@ -198,6 +198,12 @@ def create_app(rt: Runtime) -> FastAPI:
         scoped = rt.store.scoped(who)
         incident = scoped.incident(incident_id)
         block = incident_block(scoped, incident, load_catalog())
+        lines: list[str] = []
+        if block is not None:
+            from denpex.control.similar import incident_diagnosis
+            from denpex.retrieval.rewrite import rewritten_lines
+
+            lines = block.lines() + rewritten_lines(incident_diagnosis(scoped, incident), block)
         return _json(
             request,
             {
@@ -205,7 +211,7 @@ def create_app(rt: Runtime) -> FastAPI:
                 "title": incident["title"],
                 "explanation": incident["explanation"],
                 "retrieval": None if block is None else block.to_dict(),
-                "text": "" if block is None else "\n".join(block.lines()),
+                "text": "" if block is None else "\n".join(lines),
             },
         )
 

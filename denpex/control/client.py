@@ -193,3 +193,33 @@ def _detail(err: urllib.error.HTTPError) -> str:
         return (err.read() or b"")[:200].decode(errors="replace")
     except OSError:
         return ""
+
+
+def similar_incidents_source(environ: dict[str, str] | None = None) -> Any:
+    """With DENPEX_SERVER_URL set: a function (query, vector, k) → the control plane's
+    similar past incidents, for the retrieval block of `denpex run`/`scan`; None otherwise.
+    It raises OSError when the server is down or refuses (the block then says so)."""
+    shipper = ReportShipper.from_env(environ)
+    if shipper is None:
+        return None
+    import urllib.parse
+
+    def search(query: str, vector: Any, k: int) -> list:
+        from denpex.retrieval.index import Hit
+        from denpex.retrieval.passages import Passage
+
+        params = urllib.parse.urlencode({"q": query[:8000], "k": k})
+        headers = {"Authorization": f"Bearer {shipper.token}"} if shipper.token else {}
+        request = urllib.request.Request(
+            f"{shipper.url}/api/v1/incidents/similar?{params}", headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=shipper.timeout_s) as reply:
+                items = jsonio.loads(reply.read())["items"]
+            return [Hit(Passage.from_dict(item), float(item.get("score", 0.0))) for item in items]
+        except urllib.error.HTTPError as err:
+            raise OSError(f"{shipper.url} answered {err.code}: {_detail(err)}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OSError(f"{shipper.url} sent an unreadable answer ({exc})") from None
+
+    return search

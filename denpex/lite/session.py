@@ -352,12 +352,14 @@ class LiteSession:
         all when it is not."""
         from denpex.lite.report_text import render_block
         from denpex.retrieval.lookup import retrieval_block
+        from denpex.retrieval.rewrite import rewritten_lines
 
         block = retrieval_block(data, self.catalog, incidents=self.options.incidents)
         if block is None:
             return
         color = self.options.color if self.options.color is not None else _stderr_is_color_tty()
-        sys.stderr.write(render_block(block.lines(), color=color, width=_terminal_width()))
+        lines = block.lines() + rewritten_lines(data, block)
+        sys.stderr.write(render_block(lines, color=color, width=_terminal_width()))
         sys.stderr.flush()
 
 

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from denpex.retrieval.block import INCIDENT_K, RUNBOOK_K, RetrievalBlock, assemble, query_text
+from denpex.retrieval.bm25 import Bm25Index
+from denpex.retrieval.fusion import DEPTH, fuse
 from denpex.retrieval.index import Hit, VectorIndex
 
 if TYPE_CHECKING:
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 # (query text, query vector, how many) → hits, or raises OSError when the source is down
 IncidentSource = Callable[[str, Any, int], Sequence[Hit]]
 OFF = frozenset({"0", "off", "no", "false"})
-_INDEXES: dict[int, VectorIndex] = {}
+_INDEXES: dict[int, tuple[VectorIndex, Bm25Index]] = {}
 
 
 def enabled() -> bool:
@@ -35,14 +37,22 @@ def enabled() -> bool:
     return unavailable_reason() is None
 
 
-def _index_for(catalog: Catalog) -> VectorIndex:
+def _indexes_for(catalog: Catalog) -> tuple[VectorIndex, Bm25Index]:
     from denpex.retrieval.embedding import shared_embedder
     from denpex.retrieval.runbook import runbook_index
 
     key = id(catalog)  # catalogs live as long as the process; one index each
     if key not in _INDEXES:
-        _INDEXES[key] = runbook_index(catalog, shared_embedder())
+        vectors = runbook_index(catalog, shared_embedder())
+        _INDEXES[key] = (vectors, Bm25Index(vectors.passages))
     return _INDEXES[key]
+
+
+def search_runbook(catalog: Catalog, query: str, vector: Any, k: int = RUNBOOK_K) -> list[Hit]:
+    """The runbook entries nearest a query: the embedding ranking fused with BM25's (the
+    fusion finds the cause's own entry most often: benchmarks/bench_retrieval.py)."""
+    vectors, words = _indexes_for(catalog)
+    return fuse([vectors.search(vector, DEPTH), words.search(query, DEPTH)], k)
 
 
 def retrieval_block(
@@ -59,7 +69,7 @@ def retrieval_block(
     try:
         query = query_text(diag)
         vector = shared_embedder().encode([query])[0]
-        runbook = _index_for(catalog).search(vector, RUNBOOK_K)
+        runbook = search_runbook(catalog, query, vector)
     except Exception as exc:  # a broken model file or library: the report goes on without it
         return RetrievalBlock(evidence=[], notes=[f"retrieval failed: {exc}"[:200]])
     past: Sequence[Hit] = ()

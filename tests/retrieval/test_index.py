@@ -8,7 +8,7 @@ import pytest
 from denpex.catalog import load_catalog
 from denpex.retrieval.bm25 import Bm25Index, query_terms
 from denpex.retrieval.embedding import shared_embedder
-from denpex.retrieval.index import VectorIndex, VectorStore, shipped_passages
+from denpex.retrieval.index import Hit, VectorIndex, VectorStore, shipped_passages
 from denpex.retrieval.passages import (
     Passage,
     catalog_passages,
@@ -130,3 +130,16 @@ def test_bm25_quotes_every_word_and_ranks_lexically():
         "p1"
     ]
     assert bm25.search("!!! ---") == []
+
+
+def test_fusion_rewards_agreement_and_keeps_the_first_score():
+    from denpex.retrieval.fusion import fuse
+
+    a, b, c = (Passage(i, "doc", i, i) for i in "abc")
+    vec = [Hit(a, 0.9), Hit(b, 0.8), Hit(c, 0.7)]
+    words = [Hit(c, 12.0), Hit(b, 11.0)]
+    fused = fuse([vec, words], 2)
+    # both rankings have b and c; c's ranks (3 + 1) sum higher than b's (2 + 2) under RRF
+    assert [h.passage.id for h in fused] == ["c", "b"]
+    assert fused[0].score == 0.7  # the embedding's cosine, not BM25's score
+    assert [h.passage.id for h in fuse([vec, []], 3)] == ["a", "b", "c"]
