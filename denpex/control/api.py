@@ -175,11 +175,14 @@ def create_app(rt: Runtime) -> FastAPI:
         who: Annotated[Principal, Depends(principal("incidents:read"))],
         q: Annotated[str, Query(min_length=1, max_length=8000, description="failure lines")],
         k: Annotated[int, Query(ge=1, le=20)] = 3,
+        exclude_report: Annotated[
+            str | None, Query(description="leave out incidents opened from this report")
+        ] = None,
     ) -> Response:
         from denpex.control.similar import similar_incidents
 
         _need_retrieval()
-        hits = similar_incidents(rt.store.scoped(who), q, k)
+        hits = similar_incidents(rt.store.scoped(who), q, k, exclude_report=exclude_report)
         items = [{**h.passage.to_dict(), "score": round(h.score, 4)} for h in hits]
         return _json(request, {"items": items})
 

@@ -97,6 +97,7 @@ class ReportShipper:
         self.token = token
         self.outbox = outbox or default_outbox()
         self.timeout_s = timeout_s
+        self.last_report_id: str | None = None  # this run's own, once shipped
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ReportShipper | None:
@@ -121,6 +122,7 @@ class ReportShipper:
     def ship(self, diagnosis: dict[str, Any]) -> ShipResult:
         """Queue this run's report, then deliver what the outbox holds within the bound."""
         report = {"id": str(uuid.uuid4()), **job_fields(diagnosis), "diagnosis": diagnosis}
+        self.last_report_id = report["id"]
         report["ended_ns"] = time.time_ns()
         self._queue(report)
         return self.deliver()
@@ -195,11 +197,11 @@ def _detail(err: urllib.error.HTTPError) -> str:
         return ""
 
 
-def similar_incidents_source(environ: dict[str, str] | None = None) -> Any:
-    """With DENPEX_SERVER_URL set: a function (query, vector, k) → the control plane's
-    similar past incidents, for the retrieval block of `denpex run`/`scan`; None otherwise.
-    It raises OSError when the server is down or refuses (the block then says so)."""
-    shipper = ReportShipper.from_env(environ)
+def similar_incidents_source(shipper: ReportShipper | None) -> Any:
+    """For a configured server: a function (query, vector, k) → the control plane's similar
+    past incidents, for the retrieval block of `denpex run`/`scan` (never the incident this
+    run's own report opened); None without a server. It raises OSError when the server is
+    down or refuses (the block then says so)."""
     if shipper is None:
         return None
     import urllib.parse
@@ -208,7 +210,10 @@ def similar_incidents_source(environ: dict[str, str] | None = None) -> Any:
         from denpex.retrieval.index import Hit
         from denpex.retrieval.passages import Passage
 
-        params = urllib.parse.urlencode({"q": query[:8000], "k": k})
+        fields: dict[str, Any] = {"q": query[:8000], "k": k}
+        if shipper.last_report_id:
+            fields["exclude_report"] = shipper.last_report_id
+        params = urllib.parse.urlencode(fields)
         headers = {"Authorization": f"Bearer {shipper.token}"} if shipper.token else {}
         request = urllib.request.Request(
             f"{shipper.url}/api/v1/incidents/similar?{params}", headers=headers

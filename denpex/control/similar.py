@@ -39,15 +39,22 @@ def resolution_text(incident: dict[str, Any]) -> str:
 
 
 def similar_incidents(
-    scoped: TenantStore, query: str, k: int, *, exclude: int | None = None, vector: Any = None
+    scoped: TenantStore,
+    query: str,
+    k: int,
+    *,
+    exclude: int | None = None,
+    exclude_report: str | None = None,
+    vector: Any = None,
 ) -> list[Hit]:
-    """The `k` incidents nearest to `query` (a failure's own lines), best first."""
+    """The `k` incidents nearest to `query` (a failure's own lines), best first; never
+    incident `exclude` nor those opened from report `exclude_report`."""
     import numpy as np
 
     from denpex.retrieval.embedding import MODEL_ID, shared_embedder
 
     embedder = shared_embedder()
-    rows = [(inc, stored) for inc, stored in scoped.incident_vectors(MODEL_ID, SEARCHED)]
+    rows = scoped.incident_vectors(MODEL_ID, SEARCHED, exclude_report=exclude_report)
     rows = [(inc, stored) for inc, stored in rows if inc["id"] != exclude]
     passages = [incident_passage(inc, resolution_text(inc)) for inc, _ in rows]
     vectors: list[Any] = [None] * len(rows)

@@ -521,10 +521,13 @@ class TenantStore:
 
     # --- retrieval: incidents and their stored embeddings ----------------------------------
 
-    def incident_vectors(self, model: str, limit: int) -> list[tuple[dict[str, Any], Any]]:
+    def incident_vectors(
+        self, model: str, limit: int, *, exclude_report: str | None = None
+    ) -> list[tuple[dict[str, Any], Any]]:
         """The tenant's latest incidents (at most `limit`), each with its stored vector row
-        for `model` ((text_key, bytes), or None when it has none yet)."""
-        inc, vec = s.incidents, s.incident_vectors
+        for `model` ((text_key, bytes), or None when it has none yet); without the ones
+        opened from `exclude_report` (the asking run's own)."""
+        inc, vec, links = s.incidents, s.incident_vectors, s.incident_links
         query = (
             sa.select(inc, vec.c.text_key, vec.c.vector)
             .select_from(
@@ -541,6 +544,16 @@ class TenantStore:
             .order_by(inc.c.last_ns.desc(), inc.c.id.desc())
             .limit(limit)
         )
+        if exclude_report is not None:
+            query = query.where(
+                ~inc.c.id.in_(
+                    sa.select(links.c.incident_id).where(
+                        links.c.tenant == self.tenant,
+                        links.c.kind == "report",
+                        links.c.ref == exclude_report,
+                    )
+                )
+            )
         with self._read() as conn:
             rows = conn.execute(query).all()
         return [

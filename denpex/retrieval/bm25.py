@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 
 from denpex.retrieval.index import Hit
 from denpex.retrieval.passages import Passage
@@ -27,7 +28,9 @@ def query_terms(text: str) -> list[str]:
 class Bm25Index:
     def __init__(self, passages: list[Passage]) -> None:
         self.passages = passages
-        self.db = sqlite3.connect(":memory:")
+        # one index serves every request thread of the server: one query at a time
+        self.db = sqlite3.connect(":memory:", check_same_thread=False)
+        self.lock = threading.Lock()
         # porter stemming: "timed out" meets "timeout", "allocating" meets "allocate"
         self.db.execute("CREATE VIRTUAL TABLE fts USING fts5(body, tokenize='porter unicode61')")
         self.db.executemany(
@@ -39,9 +42,11 @@ class Bm25Index:
         terms = query_terms(text)
         if not terms or k <= 0:
             return []
-        rows = self.db.execute(
-            "SELECT rowid, bm25(fts) FROM fts WHERE fts MATCH ? ORDER BY bm25(fts), rowid LIMIT ?",
-            (" OR ".join(terms), k),
-        ).fetchall()
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT rowid, bm25(fts) FROM fts WHERE fts MATCH ? "
+                "ORDER BY bm25(fts), rowid LIMIT ?",
+                (" OR ".join(terms), k),
+            ).fetchall()
         # FTS5's bm25() is lower-is-better; a Hit's score is higher-is-better
         return [Hit(self.passages[i], -float(score)) for i, score in rows]

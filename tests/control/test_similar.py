@@ -93,7 +93,7 @@ def test_an_incident_summary_keeps_its_explanation_and_cites_the_others(seeded):
     incident = api.get(f"/api/v1/incidents/{ids['host.disk_full']}").json()
     assert body["explanation"] == incident["explanation"]  # unchanged, first
     block = body["retrieval"]
-    assert block["evidence"] == ["e2"]
+    assert block["evidence"] == ["e2"], block
     assert f"incident:{ids['host.disk_full']}" not in {i["id"] for i in block["incidents"]}
     assert "host.disk_full" in {r.get("category") for r in block["runbook"]}
     assert "runbook (for evidence e2)" in body["text"]
@@ -117,3 +117,69 @@ def test_a_resolve_note_must_be_text(seeded):
         == 400
     )
     assert api.post(path).json()["resolved"]["note"] is None  # no body: as before
+
+
+@pytest.mark.slow
+def test_denpex_scan_shows_a_resolved_past_incident_from_the_server(tmp_path, server_processes):
+    """The whole path: a scan ships its report, the server opens an incident, an operator
+    resolves it with a note, and the next scan of the same failure shows it under its verdict."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from tests.control.conftest import ServerProcess, mint
+
+    url = f"sqlite:///{tmp_path / 'control.db'}"
+    token = mint(url, "red", "operator")
+    os.environ["DENPEX_RAG"] = "on"  # the server process inherits it
+    try:
+        server = ServerProcess(url, tmp_path / "server.log").start()
+    finally:
+        os.environ["DENPEX_RAG"] = "off"
+    server_processes.append(server)
+    log = Path(__file__).resolve().parents[1] / "corpus" / "ckpt_enospc.log"
+    env = {
+        **os.environ,
+        "DENPEX_RAG": "on",
+        "DENPEX_AGENT_URL": "off",
+        "DENPEX_SERVER_URL": server.base,
+        "DENPEX_TOKEN": token,
+        "DENPEX_OUTBOX": str(tmp_path / "outbox"),
+        "COLUMNS": "120",
+    }
+
+    def scan(job: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "denpex", "scan", "--no-color", str(log)],
+            env={**env, "DENPEX_JOB": job},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 1, done.stderr
+        return done.stderr
+
+    def call(path: str, data: bytes | None = None) -> dict:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        request = urllib.request.Request(server.base + path, data, headers)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())
+
+    first = scan("job-1")
+    assert "similar past incidents" not in first  # nothing in the past yet
+    deadline = time.monotonic() + 60
+    while not (items := call("/api/v1/incidents")["items"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert items, "the server opened no incident"
+    note = json.dumps({"note": "moved checkpoints to the bigger volume"}).encode()
+    call(f"/api/v1/incidents/{items[0]['id']}/resolve", note)
+    second = scan("job-2")
+    head, _, block = second.partition("similar past incidents (for evidence")
+    assert "root cause: host.disk_full" in head
+    assert f"[incident:{items[0]['id']}] host.disk_full" in block
+    assert "moved checkpoints to the bigger volume" in " ".join(block.split())
+    assert "job job-2" not in block  # the incident its own report opened is not "past"

@@ -143,3 +143,14 @@ def test_fusion_rewards_agreement_and_keeps_the_first_score():
     assert [h.passage.id for h in fused] == ["c", "b"]
     assert fused[0].score == 0.7  # the embedding's cosine, not BM25's score
     assert [h.passage.id for h in fuse([vec, []], 3)] == ["a", "b", "c"]
+
+
+def test_bm25_answers_from_any_thread():
+    import threading
+
+    bm25 = Bm25Index([Passage("p1", "doc", "disk", "No space left on device")])
+    got: list = []
+    worker = threading.Thread(target=lambda: got.extend(bm25.search("space left")))
+    worker.start()
+    worker.join()
+    assert [h.passage.id for h in got] == ["p1"]
