@@ -145,9 +145,9 @@ def first_failing_weak(ctx: RuleContext) -> Finding | None:
 
 
 def likely_oom_kill(ctx: RuleContext) -> Finding | None:
-    """A process killed by SIGKILL, and nothing failed before it: without the kernel's word,
-    the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The kill is a
-    launcher's or the parent's report (`exits with return code = -9`, `died with
+    """A process killed by SIGKILL, and nothing but its symptoms failed before it: without the
+    kernel's word, the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The
+    kill is a launcher's or the parent's report (`exits with return code = -9`, `died with
     <Signals.SIGKILL: 9>`), a warning of an `oom_categories` category."""
     cfg = ctx.config
     kills = [
@@ -159,7 +159,14 @@ def likely_oom_kill(ctx: RuleContext) -> Finding | None:
     if kill is None:
         return None
     kill_line = line_key(kill)
-    if any(before(e, kill) and line_key(e) != kill_line for e in ctx.failures):
+    # a launcher reports the kill when it tears the job down, after the peers' watchdog
+    # timeouts and "another rank failed" lines that the kill caused: those do not count
+    earlier = [
+        e
+        for e in ctx.failures
+        if before(e, kill) and line_key(e) != kill_line and ctx.tier(e.category) != "symptom"
+    ]
+    if earlier:
         return None  # it died after another failure: the kill is the teardown, not the cause
     return Finding("likely_oom_kill", kill)
 
