@@ -68,3 +68,27 @@ def test_enospc_on_dev_shm_is_shared_memory():
         "/dev/shm/nccl-WU88OE to 9637892 bytes, error: No space left on device (28)\n"
     )
     assert diagnose(line)["root_cause"]["category"] == "host.shm_exhausted"
+
+
+UNKNOWN_MODEL_TYPE = """\
+Traceback (most recent call last):
+  File "/src/sft/finetune.py", line 344, in train
+    config = transformers.AutoConfig.from_pretrained(
+  File "/env/lib/python3.10/site-packages/transformers/models/auto/configuration_auto.py", line 1022, in from_pretrained
+    config_class = CONFIG_MAPPING[config_dict["model_type"]]
+  File "/env/lib/python3.10/site-packages/transformers/models/auto/configuration_auto.py", line 723, in __getitem__
+    raise KeyError(key)
+KeyError: 'mistral'
+"""
+
+
+def test_a_keyerror_raised_looking_up_a_model_type_is_a_too_old_transformers():
+    root = diagnose(UNKNOWN_MODEL_TYPE)["root_cause"]
+    assert (root["category"], root["rule"]) == ("env.version_mismatch", "named_by_frame")
+
+
+def test_a_keyerror_of_ones_own_code_stays_a_bare_exception():
+    text = "\n".join(
+        line for line in UNKNOWN_MODEL_TYPE.splitlines() if "__getitem__" not in line
+    )
+    assert diagnose(text)["root_cause"]["category"] == "app.exception"
