@@ -92,3 +92,23 @@ def test_a_keyerror_of_ones_own_code_stays_a_bare_exception():
         line for line in UNKNOWN_MODEL_TYPE.splitlines() if "__getitem__" not in line
     )
     assert diagnose(text)["root_cause"]["category"] == "app.exception"
+
+
+def test_an_import_error_that_names_a_wrong_version_is_a_version_mismatch():
+    line = (
+        "ImportError: tokenizers>=0.11.1,!=0.11.3,<0.14 is required for a normal functioning "
+        "of this module, but found tokenizers==0.14.0.\n"
+    )
+    root = diagnose(line)["root_cause"]
+    assert (root["category"], root["signature"]) == (
+        "env.version_mismatch",
+        "env.version_mismatch.transformers_require_version",
+    )
+
+
+def test_a_library_asking_for_a_missing_package_is_an_import_error():
+    line = (
+        "ImportError: Using the `Trainer` with `PyTorch` requires `accelerate>=0.20.1`: Please "
+        "run `pip install transformers[torch]` or `pip install accelerate -U`\n"
+    )
+    assert diagnose(line)["root_cause"]["category"] == "env.import_error"
