@@ -50,6 +50,7 @@ class RulesConfig:
     is_frame_signature: Matcher = field(init=False)
     _explains: dict[str, Matcher] = field(init=False)
     _refines: dict[str, Matcher] = field(init=False)
+    _hardware_named_by: dict[str, Matcher] = field(init=False)
     _across: dict[str, Matcher] = field(init=False)
     _on_success_categories: Matcher = field(init=False)
     _on_success_signatures: Matcher = field(init=False)
@@ -73,6 +74,9 @@ class RulesConfig:
             better: _matcher(list(roots)) for better, roots in r["refines"]["categories"].items()
         }
         self.is_frame_signature = _matcher(r["refines"]["frame_signatures"])
+        self._hardware_named_by = {
+            better: _matcher(list(roots)) for better, roots in r["hardware_named_by"].items()
+        }
         self._across = {}
         for entry in r["explains_across_hosts"]:
             named = entry if isinstance(entry, dict) else {entry: ["*"]}
@@ -101,6 +105,13 @@ class RulesConfig:
         """Whether evidence of category `better` names a root of category `root` more exactly
         (rules.yaml `refines`: a bare exception raised inside torch.save is a failed save)."""
         matches = self._refines.get(better)
+        return matches is not None and matches(root)
+
+    def names_hardware(self, better: str, root: str) -> bool:
+        """Whether hardware evidence of category `better` names an incident whose first line
+        is of category `root` (rules.yaml `hardware_named_by`: the Xid 79 after the PCIe link
+        dropped)."""
+        matches = self._hardware_named_by.get(better)
         return matches is not None and matches(root)
 
     def crosses_hosts(self, cause: str, effect: str) -> bool:

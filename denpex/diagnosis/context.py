@@ -74,10 +74,21 @@ class RuleContext:
             and not cfg.crosses_hosts(cause.category, effect.category)
         ):
             return False
-        gap = seconds_between(cause, effect)
+        return self.close(cause, effect)
+
+    def close(self, a: Evidence, b: Evidence) -> bool:
+        """Within rules.yaml `explains_window_s` of each other, or `explains_lines` lines apart
+        where they share no clock."""
+        cfg = self.config
+        gap = seconds_between(a, b)
         if gap is not None:
             return abs(gap) <= float(cfg["explains_window_s"])
-        return abs(cause.event.seq - effect.event.seq) <= int(cfg["explains_lines"])
+        return abs(a.event.seq - b.event.seq) <= int(cfg["explains_lines"])
+
+    def same_incident(self, a: Evidence, b: Evidence) -> bool:
+        """On the same host (where both name one) and close: one incident's several lines."""
+        hosts = a.event.host, b.event.host
+        return not (hosts[0] and hosts[1] and hosts[0] != hosts[1]) and self.close(a, b)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,8 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
 
     Hardware absorbs only what it can explain (rules.yaml `explains`, on its host): when the
     first specific software failure is one it cannot explain (ENOSPC, an ImportError) and came
-    first, the two are independent and the earlier one is the root cause."""
+    first, the two are independent and the earlier one is the root cause. Where one incident
+    shows in several hardware lines, the device's own report names it."""
     cfg = ctx.config
     ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
     hardware = [
@@ -59,7 +60,16 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
             e for e in hardware if before(e, first_specific) or ctx.explains(e, first_specific)
         ]
     root = strongest_earliest(hardware)
-    return Finding("hardware_first", root) if root else None
+    if root is None:
+        return None
+    # the device's own report names the incident its link errors began (rules.yaml
+    # `hardware_named_by`: the Xid 79 after AER's 'Surprise Down')
+    named = [
+        e
+        for e in hardware
+        if cfg.names_hardware(e.category, root.category) and ctx.same_incident(root, e)
+    ]
+    return Finding("hardware_first", strongest_earliest(named) or root)
 
 
 def oom_killer(ctx: RuleContext) -> Finding | None:

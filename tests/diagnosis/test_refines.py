@@ -88,9 +88,7 @@ def test_a_keyerror_raised_looking_up_a_model_type_is_a_too_old_transformers():
 
 
 def test_a_keyerror_of_ones_own_code_stays_a_bare_exception():
-    text = "\n".join(
-        line for line in UNKNOWN_MODEL_TYPE.splitlines() if "__getitem__" not in line
-    )
+    text = "\n".join(line for line in UNKNOWN_MODEL_TYPE.splitlines() if "__getitem__" not in line)
     assert diagnose(text)["root_cause"]["category"] == "app.exception"
 
 
