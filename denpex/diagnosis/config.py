@@ -51,6 +51,7 @@ class RulesConfig:
     _explains: dict[str, Matcher] = field(init=False)
     _refines: dict[str, Matcher] = field(init=False)
     _hardware_named_by: dict[str, Matcher] = field(init=False)
+    _details: dict[str, Matcher] = field(init=False)
     _across: dict[str, Matcher] = field(init=False)
     _on_success_categories: Matcher = field(init=False)
     _on_success_signatures: Matcher = field(init=False)
@@ -74,6 +75,9 @@ class RulesConfig:
             better: _matcher(list(roots)) for better, roots in r["refines"]["categories"].items()
         }
         self.is_frame_signature = _matcher(r["refines"]["frame_signatures"])
+        self._details = {
+            better: _matcher(list(roots)) for better, roots in r["refines"]["details"].items()
+        }
         self._hardware_named_by = {
             better: _matcher(list(roots)) for better, roots in r["hardware_named_by"].items()
         }
@@ -105,6 +109,12 @@ class RulesConfig:
         """Whether evidence of category `better` names a root of category `root` more exactly
         (rules.yaml `refines`: a bare exception raised inside torch.save is a failed save)."""
         matches = self._refines.get(better)
+        return matches is not None and matches(root)
+
+    def details(self, better: str, root: str) -> bool:
+        """Whether a line of category `better` in the message of a root of category `root`
+        names it more exactly (rules.yaml `refines.details`: NCCL's "Last error:" reason)."""
+        matches = self._details.get(better)
         return matches is not None and matches(root)
 
     def names_hardware(self, better: str, root: str) -> bool:

@@ -110,3 +110,24 @@ def test_a_library_asking_for_a_missing_package_is_an_import_error():
         "run `pip install transformers[torch]` or `pip install accelerate -U`\n"
     )
     assert diagnose(line)["root_cause"]["category"] == "env.import_error"
+
+
+NCCL_LAST_ERROR = """\
+torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1333, unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.6
+ncclSystemError: System call (e.g. socket, malloc) or external library call failed or device error.
+Last error:
+socketStartConnect: Connect to 10.1.2.3<52822> failed : Connection refused
+"""
+
+
+def test_the_reason_under_nccls_last_error_names_its_system_error():
+    root = diagnose(NCCL_LAST_ERROR)["root_cause"]
+    assert (root["category"], root["signature"]) == (
+        "net.socket_error",
+        "net.socket_error.connect_failed",
+    )
+
+
+def test_a_socket_error_of_another_message_further_down_is_not_its_reason():
+    text = NCCL_LAST_ERROR.replace("Last error:\n", "Last error:\n" + "step 1\n" * 6)
+    assert diagnose(text)["root_cause"]["category"] == "nccl.system_error"
