@@ -154,31 +154,44 @@ def first_failing_weak(ctx: RuleContext) -> Finding | None:
     return Finding("first_failing_weak", root)
 
 
+def _reported_death(
+    ctx: RuleContext, categories: list[str], severities: list[str]
+) -> Evidence | None:
+    """The earliest launcher's or parent's report that a process died by a signal (a warning
+    of one of `categories`), when nothing but its symptoms failed before it."""
+    wanted = set(categories)
+    deaths = [e for e in ctx.evidence if e.category in wanted and e.severity in severities]
+    death = earliest(deaths)
+    if death is None:
+        return None
+    death_line = line_key(death)
+    # a launcher reports the death when it tears the job down, after the peers' watchdog
+    # timeouts and "another rank failed" lines that the death caused: those do not count
+    earlier = [
+        e
+        for e in ctx.failures
+        if before(e, death) and line_key(e) != death_line and ctx.tier(e.category) != "symptom"
+    ]
+    return None if earlier else death  # after another failure: the teardown, not the cause
+
+
 def likely_oom_kill(ctx: RuleContext) -> Finding | None:
     """A process killed by SIGKILL, and nothing but its symptoms failed before it: without the
     kernel's word, the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The
     kill is a launcher's or the parent's report (`exits with return code = -9`, `died with
     <Signals.SIGKILL: 9>`), a warning of an `oom_categories` category."""
     cfg = ctx.config
-    kills = [
-        e
-        for e in ctx.evidence
-        if cfg.is_oom(e.category) and e.severity in cfg["likely_oom"]["severities"]
-    ]
-    kill = earliest(kills)
-    if kill is None:
-        return None
-    kill_line = line_key(kill)
-    # a launcher reports the kill when it tears the job down, after the peers' watchdog
-    # timeouts and "another rank failed" lines that the kill caused: those do not count
-    earlier = [
-        e
-        for e in ctx.failures
-        if before(e, kill) and line_key(e) != kill_line and ctx.tier(e.category) != "symptom"
-    ]
-    if earlier:
-        return None  # it died after another failure: the kill is the teardown, not the cause
-    return Finding("likely_oom_kill", kill)
+    kill = _reported_death(ctx, list(cfg["oom_categories"]), cfg["likely_oom"]["severities"])
+    return _found("likely_oom_kill", kill)
+
+
+def crash_signal(ctx: RuleContext) -> Finding | None:
+    """A process that its launcher or parent reports dead of a crash signal (torchrun's
+    `exitcode: -11`, DeepSpeed's `return code = -7`, mp.spawn's `terminated with signal
+    SIGSEGV`), and nothing but its symptoms failed before it: a crash in native code
+    (rules.yaml `crash_signal`), not the peer failure the same line also reports."""
+    cfg = ctx.config["crash_signal"]
+    return _found("crash_signal", _reported_death(ctx, cfg["categories"], cfg["severities"]))
 
 
 def exception_fallback(ctx: RuleContext) -> Finding | None:
@@ -218,10 +231,10 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
 # Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
 # failure before a cancel is what the user must fix; `numerics` above it because a NaN is
 # what makes the later crash happen; `absent_from_collective` below it because a rank that
-# crashed is absent from a collective too, and its crash is the cause; `likely_oom_kill` below
-# `first_failing_weak` because a line that says both "killed" and what died (a DataLoader
-# worker) names its failure, and above `exception_fallback` because the parent's exception
-# about its SIGKILLed child is the kill's consequence.
+# crashed is absent from a collective too, and its crash is the cause; `likely_oom_kill` and
+# `crash_signal` below `first_failing_weak` because a line that says both "killed" and what
+# died (a DataLoader worker) names its failure, and above `exception_fallback` because the
+# parent's exception about its SIGKILLed or crashed child is the death's consequence.
 RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     hardware_first,
     oom_killer,
@@ -232,6 +245,7 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     scheduler,
     first_failing_weak,
     likely_oom_kill,
+    crash_signal,
     exception_fallback,
     warnings_on_failure,
     symptoms_only,

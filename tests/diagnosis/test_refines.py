@@ -131,3 +131,16 @@ def test_the_reason_under_nccls_last_error_names_its_system_error():
 def test_a_socket_error_of_another_message_further_down_is_not_its_reason():
     text = NCCL_LAST_ERROR.replace("Last error:\n", "Last error:\n" + "step 1\n" * 6)
     assert diagnose(text)["root_cause"]["category"] == "nccl.system_error"
+
+
+NCCL_TOPOLOGY = """\
+[rank3]: torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, internal error - please report this issue to the NCCL developers, NCCL version 2.14.3
+[rank3]: ncclInternalError: Internal check failed.
+[rank3]: Last error:
+[rank3]: Failed to find reverse path from remNode 0/41000 nlinks 2 to node 0/61000
+"""
+
+
+def test_a_topology_this_nccl_cannot_read_names_its_internal_error():
+    root = diagnose(NCCL_TOPOLOGY)["root_cause"]
+    assert (root["category"], root["rank"]) == ("env.version_mismatch", 3)
