@@ -60,6 +60,20 @@ class RuleContext:
             if not (c.is_infrastructure(e.category) or c.is_oom(e.category))
         ]
 
+    def ranks_timed_out(self) -> set[tuple[str | None, int]]:
+        """The (host, rank) of every rank that reports a collective timeout, when at least
+        rules.yaml `collective_timeout.min_reporting_ranks` do (else none: too few to say
+        which ranks the others waited on)."""
+        cfg = self.config
+        ranks = {
+            (e.event.host, e.event.rank)
+            for e in self.failures
+            if cfg.is_collective_timeout(e.category) and e.event.rank is not None
+        }
+        return (
+            ranks if len(ranks) >= int(cfg["collective_timeout"]["min_reporting_ranks"]) else set()
+        )
+
     def explains(self, cause: Evidence, effect: Evidence) -> bool:
         """Whether `cause` can explain `effect`: a causal edge of rules.yaml between their
         categories, on the same host (unless the cause reaches across hosts), close in time."""

@@ -129,18 +129,35 @@ def first_failing_rank(ctx: RuleContext) -> Finding | None:
 
 
 def scheduler(ctx: RuleContext) -> Finding | None:
-    """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow."""
-    ended = [e for e in ctx.failures if ctx.config.is_scheduler(e.category)]
-    return _found("scheduler", earliest(ended))
+    """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow.
+    A cancel that follows the launcher's report of a task's own failure is the launcher
+    ending the step (rules.yaml `launcher_cancel`: srun under --kill-on-bad-exit), not this."""
+    cfg = ctx.config
+    ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
+    if ended is None:
+        return None
+    if cfg.is_launcher_cancel(ended.category) and any(
+        cfg.is_task_failure_report(e.signature) and before(e, ended) for e in ctx.evidence
+    ):
+        return None
+    return Finding("scheduler", ended)
 
 
 def _before_teardown(ctx: RuleContext, items: list[Evidence]) -> list[Evidence]:
     """Generic failures after the first symptom (a watchdog timeout, a peer failure) are
-    part of the teardown it starts: aborts, core dumps, re-raised exceptions."""
+    part of the teardown it starts: aborts, core dumps, re-raised exceptions — except the
+    failure of a rank that is absent from a collective its peers timed out in: the peers
+    waited on it, and its own error is no part of their teardown."""
     first_symptom = _first_of_tier(ctx, "symptom")
     if first_symptom is None:
         return items
-    return [e for e in items if before(e, first_symptom)]
+    waiting = ctx.ranks_timed_out()
+    return [
+        e
+        for e in items
+        if before(e, first_symptom)
+        or (e.event.rank is not None and waiting and (e.event.host, e.event.rank) not in waiting)
+    ]
 
 
 def first_failing_weak(ctx: RuleContext) -> Finding | None:
