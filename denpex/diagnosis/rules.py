@@ -181,13 +181,18 @@ def _reported_death(
     death = earliest(deaths)
     if death is None:
         return None
-    death_line = line_key(death)
     # a launcher reports the death when it tears the job down, after the peers' watchdog
-    # timeouts and "another rank failed" lines that the death caused: those do not count
+    # timeouts and "another rank failed" lines that the death caused: those do not count, nor
+    # does another reading of such a line (Horovod's "RuntimeError: … processes exited" is
+    # also an exception line)
+    symptom_lines = {line_key(e) for e in ctx.evidence if ctx.tier(e.category) == "symptom"}
+    symptom_lines.add(line_key(death))
     earlier = [
         e
         for e in ctx.failures
-        if before(e, death) and line_key(e) != death_line and ctx.tier(e.category) != "symptom"
+        if before(e, death)
+        and line_key(e) not in symptom_lines
+        and ctx.tier(e.category) != "symptom"
     ]
     return None if earlier else death  # after another failure: the teardown, not the cause
 
