@@ -45,9 +45,9 @@ class Part:
     holdout_target: float = 0.0  # … over the holdout, which nobody tunes to: a floor, not a goal
 
 
-# synthetic: the level reached, rounded down (main had 93.4 % when the real part was wired in);
-# its logs carry no symptom_first flag
-SYNTHETIC = Part("synthetic", CORPUS, _labels(CORPUS), 0.94, 0.0)
+# synthetic: the level reached, rounded down (131/137 = 95.6 %; main had 93.4 % when the real
+# part was wired in); its logs carry no symptom_first flag
+SYNTHETIC = Part("synthetic", CORPUS, _labels(CORPUS), 0.95, 0.0)
 # real: the level reached on dev, rounded down (123/127 = 96.9 %, 13 of its 14 symptom-first
 # logs = 92.9 %; the first round had 87.4 % and 71.4 %, main before it 64.6 % and 31.2 %); the
 # holdout's blind score (12/18) is its floor
