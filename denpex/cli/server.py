@@ -59,6 +59,12 @@ def add_parser(commands) -> None:
         default=50_000.0,
         help="ingest quota per tenant and replica (429 beyond it)",
     )
+    parser.add_argument(
+        "--policies",
+        metavar="DIR",
+        help="the Cedar policy folder that decides every request (default: the bundled set; "
+        "check one first with `denpex policy test --policies DIR CASES`)",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -69,14 +75,26 @@ def add_parser(commands) -> None:
     _db_option(token)
     token.add_argument("--tenant", required=True, help="the tenant the token is bound to")
     token.add_argument(
-        "--role", required=True, choices=("viewer", "operator", "admin"), help="what it may do"
+        "--role",
+        required=True,
+        help="what it may do: a role of the policy set (bundled: "
+        f"{', '.join(_bundled_roles())}; `denpex policy show` explains them)",
     )
     token.add_argument("--note", default="", help="who or what the token is for")
+    token.add_argument(
+        "--policies", metavar="DIR", help="the policy folder whose roles --role names"
+    )
     token.set_defaults(handler=handle_token)
     revoke = sub.add_parser("revoke", help="revoke a token by its id (dpx_<id>_…)")
     _db_option(revoke)
     revoke.add_argument("token_id", help="the 16 hex digits after dpx_")
     revoke.set_defaults(handler=handle_revoke)
+
+
+def _bundled_roles() -> tuple[str, ...]:
+    from denpex.enterprise import bundled_roles
+
+    return bundled_roles()
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +134,7 @@ def handle(args: argparse.Namespace) -> int:
         from denpex.control.quotas import QuotaPolicy
         from denpex.control.retention import RetentionPolicy
         from denpex.control.server import ServerOptions, serve
+        from denpex.enterprise import PolicyError
     except ImportError as exc:
         raise UsageError(
             f"the server needs its extra dependencies ({exc.name}): pip install 'denpex[server]'"
@@ -133,17 +152,24 @@ def handle(args: argparse.Namespace) -> int:
             max_age_days=args.retention_days, max_rows_per_tenant=args.max_evidence_rows
         ),
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
+        policy_dir=args.policies,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
-    except StoreError as exc:
+    except (StoreError, PolicyError) as exc:
         raise UsageError(str(exc)) from None
 
 
 def handle_token(args: argparse.Namespace) -> int:
-    from denpex.enterprise import mint_token
+    from denpex.enterprise import PolicyError, load_policies, mint_token
 
+    try:
+        roles = tuple(load_policies(args.policies).roles)
+    except PolicyError as exc:
+        raise UsageError(str(exc)) from None
+    if args.role not in roles:
+        raise UsageError(f"--role {args.role!r}: invalid choice (choose from {', '.join(roles)})")
     store = _open_store(args)
     minted = mint_token()
     store.add_token(

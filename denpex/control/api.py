@@ -1,16 +1,17 @@
 """The HTTP surface of `denpex server` (FastAPI): OTLP/HTTP ingest on /v1/logs and
 /v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json.
 
-Every route that touches tenant data names its action; the `principal` dependency
-authenticates and authorises through denpex.enterprise BEFORE the handler runs, and the
-handler reaches storage only through `store.scoped(principal)`. It must never answer a
-malformed payload with a 5xx, nor store part of one.
+Every route names its action and depends on one Decides: it authenticates (except for the
+public service routes) and asks the Cedar policy set through denpex.enterprise.authorize
+BEFORE the handler runs (a denial is recorded in the denial log); the handler reaches
+storage only through `store.scoped(principal)`. tests/control/test_route_policies.py walks the
+route table: a route without a Decides fails. It must never answer a malformed payload with
+a 5xx, nor store part of one.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import hashlib
 import time
-from collections.abc import Callable
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -25,13 +26,23 @@ from starlette.concurrency import run_in_threadpool
 from denpex import __version__
 from denpex.control import ingest
 from denpex.control.db import Database, StoreError
+from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
 from denpex.control.selfmetrics import ServerMetrics
-from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
+from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor, encode_cursor
 from denpex.control.timefmt import parse_time_param
 from denpex.core import jsonio
-from denpex.enterprise import AuthError, Principal, TokenDirectory, authenticate, authorize
+from denpex.enterprise import (
+    ANONYMOUS,
+    AuthError,
+    PolicySet,
+    Principal,
+    Resource,
+    TokenDirectory,
+    authenticate,
+    authorize,
+)
 
 
 class Runtime(Protocol):
@@ -45,6 +56,8 @@ class Runtime(Protocol):
     quotas: Quotas
     leadership: Leadership
     schema_revision: str
+    policies: PolicySet
+    denials: DenialStore
 
     def wake_leader(self) -> None: ...
 
@@ -59,7 +72,7 @@ def create_app(rt: Runtime) -> FastAPI:
     app = FastAPI(
         title="denpex control plane",
         version=__version__,
-        openapi_url="/openapi.json",
+        openapi_url=None,  # served below, behind a policy decision like every route
         docs_url=None,
         redoc_url=None,
         description="Fleet ingest (OTLP/HTTP, job reports), incidents, hosts, jobs, evidence.",
@@ -67,19 +80,19 @@ def create_app(rt: Runtime) -> FastAPI:
     _error_handlers(app, rt)
     app.add_middleware(_Timing, rt=rt)
 
-    def principal(action: str) -> Callable[[Request], Principal]:
-        def dependency(request: Request) -> Principal:
-            found = authenticate(request.headers, rt.tokens)
-            authorize(found, action)
-            return found
+    def principal(action: str) -> Decides:
+        return Decides(rt, action)
 
-        dependency.__name__ = f"requires_{action.replace(':', '_')}"
-        return dependency
+    public = Decides(rt, "service:read", public=True)
 
     # --- service ---------------------------------------------------------------------------
 
+    @app.get("/openapi.json", tags=["service"], include_in_schema=False)
+    def openapi(_: Annotated[None, Depends(public)]) -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     @app.get("/healthz", tags=["service"])
-    def healthz() -> dict[str, Any]:
+    def healthz(_: Annotated[None, Depends(public)]) -> dict[str, Any]:
         state = rt.leadership.state
         return {
             "status": "ok",
@@ -91,7 +104,7 @@ def create_app(rt: Runtime) -> FastAPI:
         }
 
     @app.get("/metrics", tags=["service"], response_class=Response)
-    def metrics() -> Response:
+    def metrics(_: Annotated[None, Depends(public)]) -> Response:
         return Response(rt.metrics.render(), media_type="text/plain; version=0.0.4")
 
     # --- ingest ----------------------------------------------------------------------------
@@ -354,7 +367,48 @@ def create_app(rt: Runtime) -> FastAPI:
     ) -> Response:
         return _json(request, rt.store.scoped(who).evidence(evidence_id))
 
+    # --- audit -------------------------------------------------------------------------------
+
+    @app.get("/api/v1/denials", tags=["audit"], summary="requests the policy set refused")
+    def list_denials(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("audit:read"))],
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        before = _cursor(cursor, 1)
+        items, last = rt.denials.list(who, limit=limit, before=before[0] if before else None)
+        next_cursor = encode_cursor((last,)) if last is not None else None
+        return _json(request, {"items": items, "next_cursor": next_cursor})
+
     return app
+
+
+class Decides:
+    """The one auth dependency: authenticate (unless `public`), then ask the policy set
+    whether the caller may do `action` on the route's resource; a denial is recorded in the
+    denial log and answered 403. The resource is the action's kind in the caller's tenant,
+    with the `category` and `host` the request names."""
+
+    def __init__(self, rt: Runtime, action: str, *, public: bool = False) -> None:
+        if action not in rt.policies.actions:
+            raise ValueError(f"route action {action!r} is not in the policy set's manifest")
+        self.rt = rt
+        self.action = action
+        self.public = public
+        self.kind = action.partition(":")[0]
+
+    def __call__(self, request: Request) -> Principal | None:
+        rt = self.rt
+        if self.public:  # no principal: the route serves no tenant's data
+            resource = Resource(self.kind, "")
+            authorize(ANONYMOUS, self.action, resource, policies=rt.policies, denials=rt.denials)
+            return None
+        found = authenticate(request.headers, rt.tokens)
+        attrs = {k: v for k in ("category", "host") if (v := request.query_params.get(k))}
+        resource = Resource(self.kind, found.tenant, attrs)
+        authorize(found, self.action, resource, policies=rt.policies, denials=rt.denials)
+        return found
 
 
 # --- helpers -----------------------------------------------------------------------------------

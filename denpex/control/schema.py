@@ -150,6 +150,22 @@ incident_links = sa.Table(
     sa.Column("ref", sa.Text, primary_key=True),
 )
 
+denials = sa.Table(
+    "denials",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("ts_ns", sa.BigInteger, nullable=False),
+    sa.Column("principal", sa.Text, nullable=False),  # token:<id>, never a secret
+    sa.Column("role", sa.Text, nullable=False),
+    sa.Column("action", sa.Text, nullable=False),
+    sa.Column("resource", sa.Text, nullable=False),
+    sa.Column("attrs", sa.Text, nullable=False),  # JSON: the resource's attributes
+    sa.Column("policies", sa.Text, nullable=False),  # JSON list: the deciding policy ids
+    sa.Column("policy_version", sa.Text, nullable=False),
+    sa.Column("message", sa.Text, nullable=False),
+)
+
 leader = sa.Table(
     "leader",
     metadata,
@@ -168,4 +184,5 @@ TENANT_TABLES = (
     "incidents",
     "incident_links",
     "incident_vectors",
+    "denials",
 )

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
+from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Fenced, Store
-from denpex.enterprise import TokenDirectory, TokenRecord
+from denpex.enterprise import TokenDirectory, TokenRecord, load_policies
 
 log = logging.getLogger("denpex.server")
 
@@ -36,6 +37,7 @@ class ServerOptions:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     quotas: QuotaPolicy = field(default_factory=QuotaPolicy)
     token_cache_s: float = 5.0
+    policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
 
 
 class CachedTokens:
@@ -65,9 +67,11 @@ class CachedTokens:
 class Runtime:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
+        self.policies = load_policies(options.policy_dir)  # before the store: fail fast
         self.db = Database(options.url)
         self.schema_revision = self.db.migrate()
         self.store = Store(self.db)
+        self.denials = DenialStore(self.db)
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)

@@ -1,8 +1,10 @@
-"""Layer 7 as a library: who is asking (authentication), what they may do (authorisation) and
-which tenant they are bound to. The control plane calls it before any storage access.
+"""Layer 7 as a library: who is asking (authentication), what they may do (authorisation by
+the Cedar policy set in policies/) and which tenant they are bound to. The control plane
+calls it before any storage access.
 
-It must never touch storage itself: token records come through a TokenDirectory the caller
-supplies, so SSO providers (OIDC, SAML) can be added beside bearer tokens later.
+It must never touch storage itself: token records come through a TokenDirectory and denials
+go to a DenialLog, both supplied by the caller, so SSO providers (OIDC, SAML) can be added
+beside bearer tokens.
 """
 
 from denpex.enterprise.auth import (
@@ -11,24 +13,44 @@ from denpex.enterprise.auth import (
     TokenDirectory,
     TokenRecord,
     authenticate,
-    authorize,
     is_authentic,
 )
-from denpex.enterprise.roles import ROLES, actions_of
+from denpex.enterprise.authz import (
+    ANONYMOUS,
+    Anonymous,
+    Decision,
+    Denial,
+    DenialLog,
+    Resource,
+    authorize,
+    decide,
+    request_context,
+)
+from denpex.enterprise.policy import PolicyError, PolicySet, bundled_roles, load_policies
 from denpex.enterprise.tokens import MintedToken, hash_secret, mint_token, parse_token
 
 __all__ = [
-    "ROLES",
+    "ANONYMOUS",
+    "Anonymous",
     "AuthError",
+    "Decision",
+    "Denial",
+    "DenialLog",
     "MintedToken",
+    "PolicyError",
+    "PolicySet",
     "Principal",
+    "Resource",
     "TokenDirectory",
     "TokenRecord",
-    "actions_of",
     "authenticate",
     "authorize",
+    "bundled_roles",
+    "decide",
     "hash_secret",
     "is_authentic",
+    "load_policies",
     "mint_token",
     "parse_token",
+    "request_context",
 ]

@@ -1,7 +1,7 @@
-"""Authentication and authorisation of one request: `authenticate(headers, directory)` gives
-the Principal (tenant, role, token id) or raises AuthError; `authorize(principal, action)`
-raises unless the role allows the action. The control plane does both, in this order,
-before it touches any tenant's data, and obtains its storage handle from the Principal.
+"""Authentication of one request: `authenticate(headers, directory)` gives the Principal
+(tenant, role, token id, scope) or raises AuthError. The control plane authenticates, then
+authorises through denpex.enterprise.authz, before it touches any tenant's data, and obtains
+its storage handle from the Principal.
 
 It must never return a Principal for a request it could not tie to exactly one tenant, and
 never say which part of a bad token was wrong (a 401 is a 401).
@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from denpex.enterprise.roles import actions_of
 from denpex.enterprise.tokens import parse_token, secret_matches
 
 _SEAL = object()  # only this module builds Principals that is_authentic() accepts
@@ -45,15 +44,16 @@ class TokenDirectory(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is asking: bound to one tenant and one role."""
+    """Who is asking: bound to one tenant and one role, optionally scoped to node pools,
+    partitions or failure categories (empty: all of them)."""
 
     tenant: str
     role: str
     token_id: str
     _seal: object = field(default=None, repr=False, compare=False)
-
-    def may(self, action: str) -> bool:
-        return action in actions_of(self.role)
+    node_pools: frozenset[str] = frozenset()
+    partitions: frozenset[str] = frozenset()
+    categories: frozenset[str] = frozenset()
 
 
 def is_authentic(principal: object) -> bool:
@@ -78,14 +78,6 @@ def authenticate(headers: Mapping[str, str], directory: TokenDirectory) -> Princ
     record = directory.find_token(token_id)
     if record is None or record.revoked or not secret_matches(secret, record.secret_hash):
         raise AuthError(401, "invalid bearer token")
-    if not record.tenant or not actions_of(record.role):
+    if not record.tenant or not record.role:
         raise AuthError(401, "invalid bearer token")
     return Principal(record.tenant, record.role, record.token_id, _SEAL)
-
-
-def authorize(principal: Principal, action: str) -> None:
-    """Raise AuthError 403 unless `principal`'s role allows `action`."""
-    if not is_authentic(principal):
-        raise AuthError(401, "unauthenticated")
-    if not principal.may(action):
-        raise AuthError(403, f"role {principal.role!r} may not {action}")
