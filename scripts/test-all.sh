@@ -27,6 +27,9 @@ phase() {  # phase NAME COMMAND...: run one phase, report how it ended, never st
 
 phase "Debian packages" bash scripts/install-packages.sh scripts/system-packages.txt
 phase "Python packages" "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# npm: the OpenID provider (node-oidc-provider) the OIDC tests start, pinned by its lock file
+phase "npm packages (tests/enterprise/oidc)" \
+    npm ci --prefix tests/enterprise/oidc --no-audit --no-fund --loglevel=error
 phase "eBPF objects (CO-RE, from bpf/*.bpf.c)" "$PYTHON" bpf/build.py
 phase "backends" "$PYTHON" -m denpex --version --verbose
 phase "lint: ruff check" "$PYTHON" -m ruff check .

@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         doctor,
         explain,
         fabric,
+        login,
         policy,
         run,
         scan,
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_parser(commands)
     server.add_parser(commands)
     policy.add_parser(commands)
+    login.add_parser(commands)
     return parser
 
 

@@ -65,6 +65,12 @@ def add_parser(commands) -> None:
         help="the Cedar policy folder that decides every request (default: the bundled set; "
         "check one first with `denpex policy test --policies DIR CASES`)",
     )
+    parser.add_argument(
+        "--oidc",
+        metavar="FILE",
+        help="also accept OIDC tokens (ID tokens, JWT access tokens) of the provider this YAML "
+        "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -153,11 +159,26 @@ def handle(args: argparse.Namespace) -> int:
         ),
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
         policy_dir=args.policies,
+        oidc=_oidc(args),
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
     except (StoreError, PolicyError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _oidc(args: argparse.Namespace):
+    import os
+
+    from denpex.enterprise import OidcConfig, OidcConfigError
+
+    path = args.oidc or os.environ.get("DENPEX_OIDC_CONFIG")
+    if not path:
+        return None
+    try:
+        return OidcConfig.load(path)
+    except OidcConfigError as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -36,6 +36,7 @@ from denpex.core import jsonio
 from denpex.enterprise import (
     ANONYMOUS,
     AuthError,
+    OidcVerifier,
     PolicySet,
     Principal,
     Resource,
@@ -58,6 +59,7 @@ class Runtime(Protocol):
     schema_revision: str
     policies: PolicySet
     denials: DenialStore
+    oidc: OidcVerifier | None
 
     def wake_leader(self) -> None: ...
 
@@ -404,7 +406,7 @@ class Decides:
             resource = Resource(self.kind, "")
             authorize(ANONYMOUS, self.action, resource, policies=rt.policies, denials=rt.denials)
             return None
-        found = authenticate(request.headers, rt.tokens)
+        found = authenticate(request.headers, rt.tokens, rt.oidc)
         attrs = {k: v for k in ("category", "host") if (v := request.query_params.get(k))}
         resource = Resource(self.kind, found.tenant, attrs)
         authorize(found, self.action, resource, policies=rt.policies, denials=rt.denials)
@@ -415,7 +417,7 @@ class Decides:
 
 
 def _who(principal: Principal) -> str:
-    return f"token:{principal.token_id}"
+    return principal.label
 
 
 def _admit(rt: Runtime, tenant: str, records: int) -> None:

@@ -21,7 +21,13 @@ from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Fenced, Store
-from denpex.enterprise import TokenDirectory, TokenRecord, load_policies
+from denpex.enterprise import (
+    OidcConfig,
+    OidcVerifier,
+    TokenDirectory,
+    TokenRecord,
+    load_policies,
+)
 
 log = logging.getLogger("denpex.server")
 
@@ -38,6 +44,7 @@ class ServerOptions:
     quotas: QuotaPolicy = field(default_factory=QuotaPolicy)
     token_cache_s: float = 5.0
     policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
+    oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
 
 
 class CachedTokens:
@@ -72,6 +79,7 @@ class Runtime:
         self.schema_revision = self.db.migrate()
         self.store = Store(self.db)
         self.denials = DenialStore(self.db)
+        self.oidc = OidcVerifier(options.oidc) if options.oidc is not None else None
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)

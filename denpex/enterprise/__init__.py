@@ -26,6 +26,13 @@ from denpex.enterprise.authz import (
     decide,
     request_context,
 )
+from denpex.enterprise.oidc import (
+    Identity,
+    OidcConfig,
+    OidcConfigError,
+    OidcError,
+    OidcVerifier,
+)
 from denpex.enterprise.policy import PolicyError, PolicySet, bundled_roles, load_policies
 from denpex.enterprise.tokens import MintedToken, hash_secret, mint_token, parse_token
 
@@ -36,7 +43,12 @@ __all__ = [
     "Decision",
     "Denial",
     "DenialLog",
+    "Identity",
     "MintedToken",
+    "OidcConfig",
+    "OidcConfigError",
+    "OidcError",
+    "OidcVerifier",
     "PolicyError",
     "PolicySet",
     "Principal",

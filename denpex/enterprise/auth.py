@@ -9,11 +9,15 @@ never say which part of a bad token was wrong (a 401 is a 401).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from denpex.enterprise.oidc import OidcError, OidcVerifier, looks_like_jwt
 from denpex.enterprise.tokens import parse_token, secret_matches
+
+log = logging.getLogger("denpex.enterprise")
 
 _SEAL = object()  # only this module builds Principals that is_authentic() accepts
 
@@ -54,6 +58,12 @@ class Principal:
     node_pools: frozenset[str] = frozenset()
     partitions: frozenset[str] = frozenset()
     categories: frozenset[str] = frozenset()
+    kind: str = "token"  # token (a dpx_ bearer token) | oidc (a verified OIDC token)
+
+    @property
+    def label(self) -> str:
+        """How logs, the denial log and incident actors name it: token:<id> or oidc:<sub>."""
+        return f"{self.kind}:{self.token_id}"
 
 
 def is_authentic(principal: object) -> bool:
@@ -69,9 +79,15 @@ def bearer_token(headers: Mapping[str, str]) -> str:
     return token.strip()
 
 
-def authenticate(headers: Mapping[str, str], directory: TokenDirectory) -> Principal:
-    """The Principal of a request carrying `Authorization: Bearer dpx_…`, else AuthError 401."""
-    parsed = parse_token(bearer_token(headers))
+def authenticate(
+    headers: Mapping[str, str], directory: TokenDirectory, oidc: OidcVerifier | None = None
+) -> Principal:
+    """The Principal of a request carrying `Authorization: Bearer dpx_…` or, when `oidc` is
+    configured, an OIDC ID token or JWT access token; else AuthError 401."""
+    token = bearer_token(headers)
+    if oidc is not None and looks_like_jwt(token):
+        return _from_oidc(token, headers, oidc)
+    parsed = parse_token(token)
     if parsed is None:
         raise AuthError(401, "invalid bearer token")
     token_id, secret = parsed
@@ -81,3 +97,14 @@ def authenticate(headers: Mapping[str, str], directory: TokenDirectory) -> Princ
     if not record.tenant or not record.role:
         raise AuthError(401, "invalid bearer token")
     return Principal(record.tenant, record.role, record.token_id, _SEAL)
+
+
+def _from_oidc(token: str, headers: Mapping[str, str], oidc: OidcVerifier) -> Principal:
+    wanted = headers.get("x-denpex-tenant") or headers.get("X-Denpex-Tenant") or None
+    try:
+        identity = oidc.verify(token)
+        tenant, role = oidc.binding(identity, wanted)
+    except OidcError as exc:
+        log.info("OIDC token refused: %s", exc)
+        raise AuthError(401, "invalid bearer token") from None
+    return Principal(tenant, role, identity.subject, _SEAL, kind="oidc")

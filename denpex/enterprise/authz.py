@@ -78,7 +78,7 @@ class DenialLog(Protocol):
 
 
 def principal_label(principal: Principal | Anonymous) -> str:
-    return f"token:{principal.token_id}" if isinstance(principal, Principal) else principal.label
+    return principal.label
 
 
 def request_context(now: dt.datetime | None = None) -> dict[str, int]:

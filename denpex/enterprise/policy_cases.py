@@ -94,7 +94,12 @@ def _case(entry: Mapping[str, Any], index: int) -> Case:
             raise ValueError(f"principal: unknown keys {sorted(unknown)}")
         scopes = {k: frozenset(str(v) for v in who.get(k) or ()) for k in _SCOPES}
         principal = Principal(
-            str(who["tenant"]), str(who["role"]), str(who.get("id", f"case{index}")), **scopes
+            str(who["tenant"]),
+            str(who["role"]),
+            str(who.get("id", f"case{index}")),
+            node_pools=scopes["node_pools"],
+            partitions=scopes["partitions"],
+            categories=scopes["categories"],
         )
     res = dict(entry["resource"])
     unknown = set(res) - _RESOURCE_KEYS
