@@ -71,6 +71,7 @@ def add_parser(commands) -> None:
         help="also accept OIDC tokens (ID tokens, JWT access tokens) of the provider this YAML "
         "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
     )
+    _kms_option(parser)
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -95,12 +96,28 @@ def add_parser(commands) -> None:
     _db_option(revoke)
     revoke.add_argument("token_id", help="the 16 hex digits after dpx_")
     revoke.set_defaults(handler=handle_revoke)
+    rotate = sub.add_parser(
+        "rotate-key",
+        help="rotate the KMS key of stored secrets and re-wrap them (servers keep serving)",
+    )
+    _db_option(rotate)
+    _kms_option(rotate)
+    rotate.set_defaults(handler=handle_rotate)
 
 
 def _bundled_roles() -> tuple[str, ...]:
     from denpex.enterprise import bundled_roles
 
     return bundled_roles()
+
+
+def _kms_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kms",
+        metavar="URL",
+        help="the KMS that seals stored secrets: file:///PATH (default: a key file under the "
+        "state dir), openbao+http://HOST:8200/KEY (BAO_TOKEN), aws:///ALIAS (also: DENPEX_KMS)",
+    )
 
 
 def _db_option(parser: argparse.ArgumentParser) -> None:
@@ -160,6 +177,7 @@ def handle(args: argparse.Namespace) -> int:
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
         policy_dir=args.policies,
         oidc=_oidc(args),
+        kms_url=args.kms,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
@@ -213,4 +231,21 @@ def handle_revoke(args: argparse.Namespace) -> int:
     if not done:
         raise UsageError(f"no active token {args.token_id}")
     print(f"denpex server revoke: token {args.token_id} revoked", file=sys.stderr)
+    return 0
+
+
+def handle_rotate(args: argparse.Namespace) -> int:
+    from denpex.control.secrets import SecretStore
+    from denpex.control.server import kms_url
+    from denpex.enterprise import KmsError, open_kms
+
+    store = _open_store(args)
+    secrets = SecretStore(store.db, lambda: open_kms(kms_url(args.kms)))
+    try:
+        done = secrets.rotate_and_rewrap(store.tenants(), time.time_ns())
+    except KmsError as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        store.db.dispose()
+    print(f"denpex server rotate-key: rotated; {done} secrets re-wrapped", file=sys.stderr)
     return 0

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from denpex import __version__
@@ -29,6 +30,7 @@ from denpex.control.db import Database, StoreError
 from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
+from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor, encode_cursor
 from denpex.control.timefmt import parse_time_param
@@ -36,6 +38,7 @@ from denpex.core import jsonio
 from denpex.enterprise import (
     ANONYMOUS,
     AuthError,
+    KmsError,
     OidcVerifier,
     PolicySet,
     Principal,
@@ -60,6 +63,7 @@ class Runtime(Protocol):
     policies: PolicySet
     denials: DenialStore
     oidc: OidcVerifier | None
+    secrets: SecretStore
 
     def wake_leader(self) -> None: ...
 
@@ -383,7 +387,33 @@ def create_app(rt: Runtime) -> FastAPI:
         next_cursor = encode_cursor((last,)) if last is not None else None
         return _json(request, {"items": items, "next_cursor": next_cursor})
 
+    # --- secrets (values go in, never out) ---------------------------------------------------
+
+    @app.get("/api/v1/secrets", tags=["secrets"], summary="names of the tenant's secrets")
+    def list_secrets(who: Annotated[Principal, Depends(principal("tenant:admin"))]) -> Response:
+        return JSONResponse({"items": rt.secrets.names(who)})
+
+    @app.put("/api/v1/secrets/{name}", tags=["secrets"], summary="store a secret, sealed")
+    def put_secret(
+        who: Annotated[Principal, Depends(principal("tenant:admin"))],
+        name: str,
+        body: SecretValue,
+    ) -> Response:
+        return JSONResponse(rt.secrets.put(who, name, body.value, time.time_ns()))
+
+    @app.delete("/api/v1/secrets/{name}", tags=["secrets"], status_code=204)
+    def delete_secret(
+        who: Annotated[Principal, Depends(principal("tenant:admin"))], name: str
+    ) -> Response:
+        if not rt.secrets.delete(who, name):
+            raise NotFound(f"no secret {name!r}")
+        return Response(status_code=204)
+
     return app
+
+
+class SecretValue(BaseModel):
+    value: str = Field(min_length=1, max_length=8192)
 
 
 class Decides:
@@ -527,6 +557,14 @@ def _error_handlers(app: FastAPI, rt: Runtime) -> None:
             for err in exc.errors()
         ]
         return _error(400, "; ".join(problems) or "invalid request")
+
+    @app.exception_handler(SecretError)
+    def _secret(_request: Request, exc: SecretError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.exception_handler(KmsError)
+    def _kms(_request: Request, exc: KmsError) -> JSONResponse:
+        return _error(503, f"the KMS could not seal or open a secret: {exc}")
 
     @app.exception_handler(StoreError)
     def _store(_request: Request, exc: StoreError) -> JSONResponse:

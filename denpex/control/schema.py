@@ -166,6 +166,16 @@ denials = sa.Table(
     sa.Column("message", sa.Text, nullable=False),
 )
 
+secrets = sa.Table(
+    "secrets",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("sealed", sa.Text, nullable=False),  # denpex.sealed/v1 JSON, never plaintext
+    sa.Column("key_ref", sa.Text, nullable=False),  # the KEK (version) its data key is under
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+)
+
 leader = sa.Table(
     "leader",
     metadata,
@@ -185,4 +195,5 @@ TENANT_TABLES = (
     "incident_links",
     "incident_vectors",
     "denials",
+    "secrets",
 )

@@ -17,8 +17,10 @@ from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
 from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
+from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
+from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Fenced, Store
 from denpex.enterprise import (
@@ -27,6 +29,7 @@ from denpex.enterprise import (
     TokenDirectory,
     TokenRecord,
     load_policies,
+    open_kms,
 )
 
 log = logging.getLogger("denpex.server")
@@ -45,6 +48,18 @@ class ServerOptions:
     token_cache_s: float = 5.0
     policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
     oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
+    kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
+
+
+def kms_url(url: str | None) -> str:
+    """The KMS URL in use: `url`, DENPEX_KMS, else a key file under the state dir."""
+    import os
+
+    return (
+        url
+        or os.environ.get("DENPEX_KMS")
+        or f"file://{default_state_dir() / 'server' / 'kek.json'}"
+    )
 
 
 class CachedTokens:
@@ -80,6 +95,7 @@ class Runtime:
         self.store = Store(self.db)
         self.denials = DenialStore(self.db)
         self.oidc = OidcVerifier(options.oidc) if options.oidc is not None else None
+        self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)

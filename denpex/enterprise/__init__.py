@@ -26,6 +26,7 @@ from denpex.enterprise.authz import (
     decide,
     request_context,
 )
+from denpex.enterprise.kms import Kms, KmsError, open_kms
 from denpex.enterprise.oidc import (
     Identity,
     OidcConfig,
@@ -44,6 +45,8 @@ __all__ = [
     "Denial",
     "DenialLog",
     "Identity",
+    "Kms",
+    "KmsError",
     "MintedToken",
     "OidcConfig",
     "OidcConfigError",
@@ -63,6 +66,7 @@ __all__ = [
     "is_authentic",
     "load_policies",
     "mint_token",
+    "open_kms",
     "parse_token",
     "request_context",
 ]

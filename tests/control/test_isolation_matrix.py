@@ -103,6 +103,21 @@ class Matrix:
                 {},
                 ok(200),
             ),
+            ("GET", "/api/v1/secrets"): lambda me, other: (
+                "admin",
+                "GET",
+                "/api/v1/secrets",
+                {},
+                ok(200),
+            ),
+            ("PUT", "/api/v1/secrets/{name}"): self.put_secret,
+            ("DELETE", "/api/v1/secrets/{name}"): lambda me, other: (
+                "admin",
+                "DELETE",
+                f"/api/v1/secrets/{self.secret_name(me)}",
+                {},
+                ok(204, 404),
+            ),
         }
 
     # --- helpers -----------------------------------------------------------------------------
@@ -177,6 +192,16 @@ class Matrix:
         expect = ok(404) if probe else ok(200, 409)
         return ("operator", "POST", f"/api/v1/incidents/{incident}/{verb}", {}, expect)
 
+    def secret_name(self, me: Side) -> str:
+        # names both tenants use, and names only one does
+        return self.rng.choice(("slack", "pagerduty", f"hook-{mark(me.tenant).lower()}"))
+
+    def put_secret(self, me: Side, other: Side) -> Request:
+        me.sent += 1
+        value = {"value": f"https://hooks.test/{mark(me.tenant)}/{me.sent}"}
+        path = f"/api/v1/secrets/{self.secret_name(me)}"
+        return ("admin", "PUT", path, {"json": value}, ok(200))
+
     # --- reads by id ---------------------------------------------------------------------------
 
     def by_id(self, path: str, me: Side, other: Side, attr: str) -> Request:
@@ -198,11 +223,12 @@ class Matrix:
         return self.read(f"/api/v1/jobs/{self.rng.choice(JOBS)}")
 
 
-def run_matrix(server: ServerProcess, url: str, requests: int, seed: int) -> Tally:
+def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: int) -> Tally:
     print(f"isolation matrix seed={seed}")
     rng = random.Random(seed)
     sides = {
-        t: Side(t, {r: mint(url, t, r) for r in ("viewer", "operator", "auditor")}) for t in TENANTS
+        t: Side(t, {r: mint(url, t, r) for r in ("viewer", "operator", "auditor", "admin")})
+        for t in TENANTS
     }
     matrix = Matrix(rng, sides)
     spec = httpx.get(server.base + "/openapi.json").json()
@@ -245,17 +271,20 @@ def run_matrix(server: ServerProcess, url: str, requests: int, seed: int) -> Tal
                     headers={"Authorization": f"Bearer {me.tokens['viewer']}"},
                 )
                 me.incidents = [i["id"] for i in listed.json()["items"]]
-    tally.changed = changed_rows(url, sides)
+    tally.changed = changed_rows(url, kms, sides)
     return tally
 
 
-def changed_rows(url: str, sides: dict[str, Side]) -> int:
+def changed_rows(url: str, kms: str, sides: dict[str, Side]) -> int:
     """Rows of one tenant, read from every tenant table past the application, that hold the
     other tenant's data, or incidents acknowledged or resolved by the other's tokens."""
     from denpex.control.db import Database
     from denpex.control.schema import TENANT_TABLES
+    from denpex.control.secrets import SecretStore
+    from denpex.enterprise import open_kms
 
     db = Database(url)
+    secrets = SecretStore(db, lambda: open_kms(kms))
     bad = 0
     try:
         token_ids = {t: {tok.split("_")[1] for tok in s.tokens.values()} for t, s in sides.items()}
@@ -276,6 +305,12 @@ def changed_rows(url: str, sides: dict[str, Side]) -> int:
                                 f"incident {row['id']} of {tenant} changed by {other}: {dict(row)}"
                             )
                             bad += 1
+                names = sa.text("SELECT name FROM secrets WHERE tenant = :t")
+                for name in conn.execute(names, {"t": tenant}).scalars():
+                    value = secrets.reveal(tenant, name) or ""
+                    if mark(other) in value or mark(tenant) not in value:
+                        print(f"secret {name} of {tenant} holds {value!r}")
+                        bad += 1
                 count = sa.text("SELECT count(*) FROM evidence WHERE tenant = :t")
                 own = conn.execute(count, {"t": tenant}).scalar()
                 assert own and own >= 1, f"{tenant} stored no evidence: the matrix proved nothing"
@@ -319,11 +354,13 @@ def matrix_on(
         url = f"sqlite:///{tmp_path / 'control.db'}"
     else:
         url = request.getfixturevalue("pg_url")
-    server = ServerProcess(url, tmp_path / "server.log", "--quota", "1000000").start()
+    kms = f"file://{tmp_path / 'kek.json'}"
+    server = ServerProcess(url, tmp_path / "server.log", "--quota", "1000000", "--kms", kms)
+    server.start()
     server_processes.append(server)
     seed = int(os.environ.get("DENPEX_TEST_SEED", random.randrange(1 << 30)))
     started = time.monotonic()
-    tally = run_matrix(server, url, requests, seed)
+    tally = run_matrix(server, url, kms, requests, seed)
     print(
         f"isolation matrix [{engine}]: {tally.requests} requests over {len(tally.by_route)} "
         f"endpoints, {tally.probes} naming the other tenant's ids: {tally.seen} responses with "
