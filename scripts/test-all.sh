@@ -39,7 +39,8 @@ phase "catalog" "$PYTHON" -m denpex.catalog.check
 if [[ "$*" != *"not slow"* ]]; then  # the slow dist tests run them; a build error shows here
     phase "frozen binaries (dist/: onedir, onefile, static)" bash dist_scripts/build_binary.sh
 fi
-phase "tests (compiled extensions)" "$PYTHON" -m pytest "$@"
+# the junit XML is what `denpex compliance report` reads each control's test results from
+phase "tests (compiled extensions)" "$PYTHON" -m pytest --junitxml=build/test-results/junit.xml "$@"
 DENPEX_NO_EXTENSIONS=1 phase "tests (pure-Python fallbacks, DENPEX_NO_EXTENSIONS=1)" \
     "$PYTHON" -m pytest -m "not slow" -p no:cacheprovider -q "$@"
 

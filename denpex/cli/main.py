@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     from denpex.cli import (
         agent,
         bundle,
+        compliance,
         doctor,
         explain,
         fabric,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_parser(commands)
     policy.add_parser(commands)
     login.add_parser(commands)
+    compliance.add_parser(commands)
     return parser
 
 
