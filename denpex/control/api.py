@@ -1,12 +1,12 @@
 """The HTTP surface of `denpex server` (FastAPI): OTLP/HTTP ingest on /v1/logs and
 /v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json.
 
-Every route names its action and depends on one Decides: it authenticates (except for the
-public service routes) and asks the Cedar policy set through denpex.enterprise.authorize
-BEFORE the handler runs (a denial is recorded in the denial log); the handler reaches
-storage only through `store.scoped(principal)`. tests/control/test_route_policies.py walks the
-route table: a route without a Decides fails. It must never answer a malformed payload with
-a 5xx, nor store part of one.
+Every route names its action and depends on one Decides (control/access.py): it
+authenticates (except for the public service routes) and asks the Cedar policy set BEFORE
+the handler runs (a denial is recorded in the denial log); the handler reaches storage only
+through `store.scoped(principal)`. tests/control/test_route_policies.py walks the route
+table: a route without a Decides fails. It must never answer a malformed payload with a
+5xx, nor store part of one.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
@@ -21,31 +21,27 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
-from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from denpex import __version__
 from denpex.control import ingest
+from denpex.control.access import Decides, add_access_routes
 from denpex.control.db import Database, StoreError
 from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
-from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor, encode_cursor
+from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
 from denpex.core import jsonio
 from denpex.enterprise import (
-    ANONYMOUS,
     AuthError,
     KmsError,
     OidcVerifier,
     PolicySet,
     Principal,
-    Resource,
     TokenDirectory,
-    authenticate,
-    authorize,
 )
 
 
@@ -373,74 +369,8 @@ def create_app(rt: Runtime) -> FastAPI:
     ) -> Response:
         return _json(request, rt.store.scoped(who).evidence(evidence_id))
 
-    # --- audit -------------------------------------------------------------------------------
-
-    @app.get("/api/v1/denials", tags=["audit"], summary="requests the policy set refused")
-    def list_denials(
-        request: Request,
-        who: Annotated[Principal, Depends(principal("audit:read"))],
-        limit: Limit = 100,
-        cursor: Cursor = None,
-    ) -> Response:
-        before = _cursor(cursor, 1)
-        items, last = rt.denials.list(who, limit=limit, before=before[0] if before else None)
-        next_cursor = encode_cursor((last,)) if last is not None else None
-        return _json(request, {"items": items, "next_cursor": next_cursor})
-
-    # --- secrets (values go in, never out) ---------------------------------------------------
-
-    @app.get("/api/v1/secrets", tags=["secrets"], summary="names of the tenant's secrets")
-    def list_secrets(who: Annotated[Principal, Depends(principal("tenant:admin"))]) -> Response:
-        return JSONResponse({"items": rt.secrets.names(who)})
-
-    @app.put("/api/v1/secrets/{name}", tags=["secrets"], summary="store a secret, sealed")
-    def put_secret(
-        who: Annotated[Principal, Depends(principal("tenant:admin"))],
-        name: str,
-        body: SecretValue,
-    ) -> Response:
-        return JSONResponse(rt.secrets.put(who, name, body.value, time.time_ns()))
-
-    @app.delete("/api/v1/secrets/{name}", tags=["secrets"], status_code=204)
-    def delete_secret(
-        who: Annotated[Principal, Depends(principal("tenant:admin"))], name: str
-    ) -> Response:
-        if not rt.secrets.delete(who, name):
-            raise NotFound(f"no secret {name!r}")
-        return Response(status_code=204)
-
+    add_access_routes(app, rt)
     return app
-
-
-class SecretValue(BaseModel):
-    value: str = Field(min_length=1, max_length=8192)
-
-
-class Decides:
-    """The one auth dependency: authenticate (unless `public`), then ask the policy set
-    whether the caller may do `action` on the route's resource; a denial is recorded in the
-    denial log and answered 403. The resource is the action's kind in the caller's tenant,
-    with the `category` and `host` the request names."""
-
-    def __init__(self, rt: Runtime, action: str, *, public: bool = False) -> None:
-        if action not in rt.policies.actions:
-            raise ValueError(f"route action {action!r} is not in the policy set's manifest")
-        self.rt = rt
-        self.action = action
-        self.public = public
-        self.kind = action.partition(":")[0]
-
-    def __call__(self, request: Request) -> Principal | None:
-        rt = self.rt
-        if self.public:  # no principal: the route serves no tenant's data
-            resource = Resource(self.kind, "")
-            authorize(ANONYMOUS, self.action, resource, policies=rt.policies, denials=rt.denials)
-            return None
-        found = authenticate(request.headers, rt.tokens, rt.oidc)
-        attrs = {k: v for k in ("category", "host") if (v := request.query_params.get(k))}
-        resource = Resource(self.kind, found.tenant, attrs)
-        authorize(found, self.action, resource, policies=rt.policies, denials=rt.denials)
-        return found
 
 
 # --- helpers -----------------------------------------------------------------------------------

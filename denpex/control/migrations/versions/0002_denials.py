@@ -2,7 +2,7 @@
 the policy set's version). In PostgreSQL it is a tenant table like the others: row-level
 security (ENABLE + FORCE) on `denpex.tenant`, written and read as `denpex_tenant`.
 
-Revision ID: 0002
+Revision ID: 0002_denials
 Revises: 0001
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002"
+revision = "0002_denials"
 down_revision = "0001"
 branch_labels = None
 depends_on = None

@@ -2,8 +2,8 @@
 form (denpex.enterprise.envelope: AES-GCM under a data key the KMS wraps). In PostgreSQL a
 tenant table like the others: row-level security (ENABLE + FORCE) on `denpex.tenant`.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0003_secrets
+Revises: 0002_denials
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0003_secrets"
+down_revision = "0002_denials"
 branch_labels = None
 depends_on = None
 
