@@ -81,6 +81,15 @@ class Matrix:
                 "/api/v1/incidents", **self.filters("status", "host", "job", "category")
             ),
             ("GET", "/api/v1/incidents/{incident_id}"): self.get_incident,
+            ("GET", "/api/v1/incidents/{incident_id}/summary"): self.get_summary,
+            ("GET", "/api/v1/incidents/similar"): lambda me, other: (
+                "viewer",
+                "GET",
+                "/api/v1/incidents/similar",
+                # the other tenant's words as the query: its incidents must still not come back
+                {"params": {"q": f"GPU fell off the bus {mark(other.tenant)}", "k": 5}},
+                ok(200, 503),  # 503: this server has no retrieval extra installed
+            ),
             ("POST", "/api/v1/incidents/{incident_id}/acknowledge"): self.transition,
             ("POST", "/api/v1/incidents/{incident_id}/resolve"): self.transition,
             ("GET", "/api/v1/hosts"): lambda me, other: self.read("/api/v1/hosts"),
@@ -213,6 +222,9 @@ class Matrix:
     def get_incident(self, me: Side, other: Side) -> Request:
         return self.by_id("/api/v1/incidents/{}", me, other, "incidents")
 
+    def get_summary(self, me: Side, other: Side) -> Request:
+        return self.by_id("/api/v1/incidents/{}/summary", me, other, "incidents")
+
     def get_report(self, me: Side, other: Side) -> Request:
         return self.by_id("/api/v1/reports/{}", me, other, "reports")
 
@@ -257,6 +269,8 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data
             answered = reply.text.replace(path.rsplit("/", 1)[-1], "")
+            for sent in (kwargs.get("params") or {}).values():
+                answered = answered.replace(str(sent), "")
             if mark(other.tenant) in answered:
                 tally.seen += 1
                 tally.problems.append(f"{me.tenant} saw {other.tenant}'s data: {method} {path}")

@@ -2,8 +2,8 @@
 the policy set's version). In PostgreSQL it is a tenant table like the others: row-level
 security (ENABLE + FORCE) on `denpex.tenant`, written and read as `denpex_tenant`.
 
-Revision ID: 0002_denials
-Revises: 0001
+Revision ID: 0003_denials
+Revises: 0002
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_denials"
-down_revision = "0001"
+revision = "0003_denials"
+down_revision = "0002"
 branch_labels = None
 depends_on = None
 
