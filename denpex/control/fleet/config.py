@@ -44,6 +44,7 @@ class FleetConfig:
     is_host_neutral: Callable[[str], bool] = field(init=False)
     is_corroborating: Callable[[str], bool] = field(init=False)
     _component_tests: dict[str, Callable[[str], bool]] = field(init=False)
+    _accepts: dict[tuple[str, str], bool] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         r = self.raw
@@ -73,8 +74,11 @@ class FleetConfig:
 
     def component_accepts(self, kind: str, category: str) -> bool:
         """Whether a failure of `category` can be caused by a component of `kind`."""
-        test = self._component_tests.get(kind)
-        return bool(test and test(category))
+        known = self._accepts.get((kind, category))
+        if known is None:
+            test = self._component_tests.get(kind)
+            known = self._accepts[(kind, category)] = bool(test and test(category))
+        return known
 
     def action(self, kind: str) -> str:
         return str(self.raw["actions"].get(kind, "none"))

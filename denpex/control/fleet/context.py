@@ -26,8 +26,15 @@ class FleetContext:
     strikes: list[Strike] = field(init=False)
     warnings: list[EvidenceRecord] = field(init=False)
     consumed: set[int] = field(init=False, default_factory=set)  # id() of explained strikes
+    consumed_warnings: set[str] = field(init=False, default_factory=set)
     cutoff: dict[str, int] = field(init=False, default_factory=dict)  # host → recovered at
     host_jobs: Counter[str] = field(init=False, default_factory=Counter)
+    _members: dict[str, dict[str, set[Unit]]] = field(init=False, default_factory=dict)
+    _rails: dict[str, dict[str | None, str]] = field(init=False, default_factory=dict)
+    _label_counts: Counter[tuple[str, str]] | None = field(init=False, default=None)
+    _label_totals: Counter[str] = field(init=False, default_factory=Counter)
+    _job_label_counts: Counter[tuple[str, str]] = field(init=False, default_factory=Counter)
+    _job_label_totals: Counter[str] = field(init=False, default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.strikes = build_strikes(self.view, self.now_ns, self.config)
@@ -75,6 +82,12 @@ class FleetContext:
     def consume(self, strikes: Iterable[Strike]) -> None:
         self.consumed.update(id(s) for s in strikes)
 
+    def open_warnings(self) -> list[EvidenceRecord]:
+        return [w for w in self.warnings if w.id not in self.consumed_warnings]
+
+    def consume_warnings(self, warnings: Iterable[EvidenceRecord]) -> None:
+        self.consumed_warnings.update(w.id for w in warnings)
+
     def implicating(self, strike: Strike) -> bool:
         """Whether a strike can make its host or GPU suspect (its category is not the job's
         own or the scheduler's)."""
@@ -83,7 +96,9 @@ class FleetContext:
     # -- topology ------------------------------------------------------------------------
     def members(self, kind: str) -> dict[str, set[Unit]]:
         """Component id → the units behind it: hosts, or (host, GPU) pairs for rails."""
-        out: dict[str, set[Unit]] = {}
+        if kind in self._members:
+            return self._members[kind]
+        out: dict[str, set[Unit]] = self._members.setdefault(kind, {})
         for host, place in self.view.topology.items():
             if kind == "rail":
                 for pci, rail in place.rails.items():
@@ -94,6 +109,18 @@ class FleetContext:
                 out.setdefault(value, set()).add((host, None))
         return out
 
+    def population(self, kind: str) -> int:
+        """How many units (hosts; GPUs for rails) sit behind some component of `kind`."""
+        return len(set().union(*self.members(kind).values()))
+
+    def _rails_of(self, host: str) -> dict[str | None, str]:
+        rails = self._rails.get(host)
+        if rails is None:
+            place = self.view.topology.get(host)
+            rails = {normal_pci(p): r for p, r in place.rails.items()} if place else {}
+            self._rails[host] = rails
+        return rails
+
     def units_of(self, kind: str, host: str | None, pci: str | None) -> list[tuple[str, Unit]]:
         """(component, unit) pairs of `kind` that a failure on host (and GPU) falls under."""
         place = self.view.topology.get(host) if host else None
@@ -101,7 +128,7 @@ class FleetContext:
             return []
         if kind == "rail":
             key = normal_pci(pci)
-            rails = {normal_pci(p): r for p, r in place.rails.items()}
+            rails = self._rails_of(host)
             return [(rails[key], (host, key))] if key in rails else []
         value = getattr(place, kind, None)
         return [(value, (host, None))] if value else []
@@ -129,12 +156,21 @@ class FleetContext:
         return labels
 
     def fleet_share(self, key: str, value: str) -> float:
-        """The share of hosts (or, for a label only jobs carry, of jobs) with key=value."""
-        hosts = [s.labels.get(key) for s in self.view.hosts.values() if key in s.labels]
-        if hosts:
-            return sum(1 for v in hosts if v == value) / len(hosts)
-        jobs = [j.labels.get(key) for j in self.view.jobs if key in j.labels]
-        return sum(1 for v in jobs if v == value) / len(jobs) if jobs else 1.0
+        """The share of the fleet's exposure with key=value: of the view's jobs when jobs
+        report the label (true at their time, like the strikes' own), else of the hosts."""
+        if self._label_counts is None:
+            self._label_counts = Counter()
+            for state in self.view.hosts.values():
+                self._label_counts.update(state.labels.items())
+                self._label_totals.update(state.labels.keys())
+            for job in self.view.jobs:
+                self._job_label_counts.update(job.labels.items())
+                self._job_label_totals.update(job.labels.keys())
+        if self._job_label_totals[key]:
+            return self._job_label_counts[(key, value)] / self._job_label_totals[key]
+        if self._label_totals[key]:
+            return self._label_counts[(key, value)] / self._label_totals[key]
+        return 1.0
 
     def warnings_on(self, hosts: set[str], start_ns: int, end_ns: int) -> list[EvidenceRecord]:
         return [w for w in self.warnings if w.host in hosts and start_ns <= w.ts_ns <= end_ns]  # type: ignore[operator]
@@ -191,4 +227,5 @@ class FleetContext:
             verdict=verdict,
             action=self.config.action(kind) if verdict == "suspect" else "none",
             tenants=tenants,
+            score=round(score, 3),
         )

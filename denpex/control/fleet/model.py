@@ -146,7 +146,8 @@ class IncidentCandidate:
 
     `component` is the host name, a GPU's id (`gpu_id`), the switch / rail / PDU / rack /
     pool id, or `key=value` of a shared dependency (`driver=550.54.15`). A `recovered`
-    verdict says the component left suspicion. `action` is a §7 action for it."""
+    verdict says the component left suspicion. `action` is a §7 action for it. `score` is
+    the rule's raw strength (e.g. -log10 of a p-value) that `confidence` calibrates."""
 
     rule: str
     kind: str
@@ -162,6 +163,7 @@ class IncidentCandidate:
     verdict: str = "suspect"
     action: str = "none"
     tenants: tuple[str, ...] = ()
+    score: float = 0.0
 
     @property
     def key(self) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 
 from denpex.control.fleet.config import lookup_by_pattern
-from denpex.control.fleet.context import FleetContext, Unit
+from denpex.control.fleet.context import FleetContext
 from denpex.control.fleet.model import TOPOLOGY_KINDS, EvidenceRecord, IncidentCandidate, gpu_id
 from denpex.control.fleet.strikes import Strike, normal_pci
 from denpex.control.fleet.tails import binomial_sf, hypergeom_sf, poisson_sf, surprise
@@ -40,6 +40,8 @@ def _best_label(ctx: FleetContext, items: list[Strike]) -> tuple[str, str, int, 
         share = ctx.fleet_share(key, value)
         if k / n < float(cfg["label_coverage"]) or share > float(cfg["label_max_fleet_share"]):
             continue
+        if share and k / n < float(cfg["label_min_enrichment"]) * share:
+            continue  # the failures carry it about as often as everything else does
         p = binomial_sf(k, n, share)
         if best is None or p < best[3]:
             best = (key, value, k, p)
@@ -126,61 +128,36 @@ def _burst(ctx: FleetContext, items: list[Strike]) -> tuple[list[Strike], float]
 
 def shared_component(ctx: FleetContext) -> list[IncidentCandidate]:
     """Failures clustered behind one switch / rail / PDU / rack / pool, far beyond what the
-    window's failures fleet-wide would put there by chance (hypergeometric tail)."""
+    window's failures fleet-wide would put there by chance (hypergeometric tail). The most
+    telling cluster goes first and explains its strikes; the rest are tested again without
+    them, so a rail or rack around the same failures names nothing of its own."""
     cfg = ctx.config["shared_component"]
     width = int(float(cfg["window_s"]) * _NS)
-    found: list[tuple[float, str, str, list[Strike], list, set[Unit]]] = []
-    for kind in TOPOLOGY_KINDS:
-        members = ctx.members(kind)
-        population = len(set().union(*members.values())) if members else 0
-        items = _affected(ctx, kind)
-        if not items:
-            continue
-        times = [t for t, *_ in items]
-        for component, units in sorted(members.items()):
-            if len(units) / population > float(cfg["max_member_share"]):
-                continue
-            mine = [it for it in items if it[1] == component]
-            if len({it[2] for it in mine}) < int(cfg["min_hosts"]):
-                continue
-            best = None
-            for anchor in mine:
-                start, end = anchor[0], anchor[0] + width
-                inside = [it for it in mine if start <= it[0] <= end]
-                hit = {it[2] for it in inside}
-                jobs = {it[3].job.job for it in inside if it[3] is not None and it[3].job}
-                if len(hit) < int(cfg["min_hosts"]) or len(jobs) < int(cfg["min_jobs"]):
-                    continue
-                lo, hi = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
-                drawn = len({it[2] for it in items[lo:hi]})
-                p = hypergeom_sf(len(hit), population, len(units), drawn)
-                if best is None or p < best[0]:
-                    best = (p, inside)
-            if best is not None and best[0] <= float(cfg["max_p_value"]):
-                p, inside = best
-                strikes = [it[3] for it in inside if it[3] is not None]
-                warns = [it[4] for it in inside if it[4] is not None]
-                found.append((p, kind, component, strikes, warns, units))
-    out = []
-    taken: set[int] = set()
-    for p, kind, component, strikes, warns, units in sorted(
-        found, key=lambda f: (f[0], f[1], f[2])
-    ):
-        if strikes and sum(1 for s in strikes if id(s) in taken) * 2 > len(strikes):
-            continue  # a wider component around the same cluster: the narrower one names it
-        hosts = {u[0] for u in units}
-        start = min(s.ts_ns for s in strikes) - width
-        explained = [
-            s
-            for s in ctx.open_strikes()
-            if s.host in hosts
-            and s.ts_ns >= start
-            and ctx.config.component_accepts(kind, s.category)
-        ]
+    out: list[IncidentCandidate] = []
+    affected = {kind: _affected(ctx, kind) for kind in TOPOLOGY_KINDS}
+    while True:
+        for kind, items in affected.items():  # drop what the last cluster explained
+            affected[kind] = [
+                it
+                for it in items
+                if (it[3] is None or id(it[3]) not in ctx.consumed)
+                and (it[4] is None or it[4].id not in ctx.consumed_warnings)
+            ]
+        best = _best_cluster(ctx, width, affected)
+        if best is None or best[0] > float(cfg["max_p_value"]):
+            return out
+        p, kind, component, inside, units, items = best
+        strikes = [it[3] for it in inside if it[3] is not None]
+        warns = [it[4] for it in inside if it[4] is not None]
+        # everything of its kind the component saw in the lookback is its doing
+        explained = list(
+            {id(it[3]): it[3] for it in items if it[1] == component and it[3] is not None}.values()
+        )
         hit = {s.host for s in strikes} | {w.host for w in warns}
+        noun = "GPUs on" if kind == "rail" else "hosts behind"
         text = (
             f"{len(strikes)} failed jobs and {len(warns)} warnings on {len(hit)} of the "
-            f"{len(units)} hosts behind {kind} {component} within {cfg['window_s'] // 3600:g} h "
+            f"{len(units)} {noun} {kind} {component} within {cfg['window_s'] / 3600:g} h "
             f"(p={p:.1e} by chance): the {kind}, not the hosts"
         )
         out.append(
@@ -188,25 +165,86 @@ def shared_component(ctx: FleetContext) -> list[IncidentCandidate]:
                 "shared_component", kind, component, surprise(p), explained, text, warnings=warns
             )
         )
-        taken.update(id(s) for s in explained)
         ctx.consume(explained)
-    return out
+        ctx.consume_warnings(warns)
+
+
+def _best_cluster(ctx: FleetContext, width: int, affected: dict[str, list[tuple]]) -> tuple | None:
+    """(p, kind, component, items in its window, its units, all items of its kind) of the
+    least likely cluster over every component and window, or None."""
+    cfg = ctx.config["shared_component"]
+    min_hosts, min_jobs = int(cfg["min_hosts"]), int(cfg["min_jobs"])
+    best = None
+    for kind in TOPOLOGY_KINDS:
+        members = ctx.members(kind)
+        items = affected[kind]
+        if not members or not items:
+            continue
+        population = ctx.population(kind)
+        times = [it[0] for it in items]
+        by_component: dict[str, list[tuple]] = defaultdict(list)
+        for it in items:
+            by_component[it[1]].append(it)
+        for component, mine in sorted(by_component.items()):
+            units = members.get(component, set())
+            if not units or len(units) / population > float(cfg["max_member_share"]):
+                continue
+            if len({it[2] for it in mine}) < min_hosts:
+                continue
+            for drawn, inside in _windows(mine, items, times, width, min_hosts, min_jobs):
+                p = hypergeom_sf(len({it[5] for it in inside}), population, len(units), drawn)
+                if best is None or p < best[0]:
+                    best = (p, kind, component, inside, units, items)
+    return best
+
+
+def _windows(
+    mine: list[tuple],
+    items: list[tuple],
+    times: list[int],
+    width: int,
+    min_hosts: int,
+    min_jobs: int,
+):
+    """For each window of `width` that opens at one of a component's items and holds enough
+    hosts and failed jobs: (units hit fleet-wide in that window, the component's items in
+    it). Two pointers over the component's items, in time order."""
+    hosts: Counter[str] = Counter()
+    jobs: Counter[str] = Counter()
+    end = 0
+    for start, anchor in enumerate(mine):
+        while end < len(mine) and mine[end][0] <= anchor[0] + width:
+            hosts[mine[end][2]] += 1
+            if mine[end][3] is not None and mine[end][3].job is not None:
+                jobs[mine[end][3].job.job] += 1
+            end += 1
+        if len(hosts) >= min_hosts and len(jobs) >= min_jobs:
+            lo = bisect.bisect_left(times, anchor[0])
+            hi = bisect.bisect_right(times, anchor[0] + width)
+            yield len({it[5] for it in items[lo:hi]}), mine[start:end]
+        hosts[anchor[2]] -= 1
+        if not hosts[anchor[2]]:
+            del hosts[anchor[2]]
+        if anchor[3] is not None and anchor[3].job is not None:
+            jobs[anchor[3].job.job] -= 1
+            if not jobs[anchor[3].job.job]:
+                del jobs[anchor[3].job.job]
 
 
 def _affected(ctx: FleetContext, kind: str) -> list[tuple]:
-    """(time, component, host, strike or None, warning or None) for every open strike and
-    warning a component of `kind` can cause, in time order."""
+    """(time, component, host, strike or None, warning or None, unit) for every open strike
+    and warning a component of `kind` can cause, in time order."""
     items: list[tuple] = []
     accepts = ctx.config.component_accepts
     for strike in ctx.open_strikes():
         if accepts(kind, strike.category):
             pci = strike.gpu.pci if strike.gpu else None
-            for component, _unit in ctx.units_of(kind, strike.host, pci):
-                items.append((strike.ts_ns, component, strike.host, strike, None))
-    for warning in ctx.warnings:
+            for component, unit in ctx.units_of(kind, strike.host, pci):
+                items.append((strike.ts_ns, component, strike.host, strike, None, unit))
+    for warning in ctx.open_warnings():
         if warning.ts_ns is not None and accepts(kind, warning.category):
-            for component, _unit in ctx.units_of(kind, warning.host, warning.gpu_pci):
-                items.append((warning.ts_ns, component, warning.host, None, warning))
+            for component, unit in ctx.units_of(kind, warning.host, warning.gpu_pci):
+                items.append((warning.ts_ns, component, warning.host, None, warning, unit))
     items.sort(key=lambda it: (it[0], it[1], it[2] or ""))
     return items
 
@@ -242,8 +280,13 @@ def hardware_in_job(ctx: FleetContext) -> list[IncidentCandidate]:
         if weight < 1 - 1e-9:
             continue
         hosts = {s.host for s in strikes if s.host}
+        cited = {i for s in strikes for i in s.evidence}
         warns = ctx.warnings_on(hosts, strikes[0].ts_ns - ctx.config.lookback_ns, ctx.now_ns)
-        warns = [w for w in warns if kind == "host" or not w.gpu_pci or _same_gpu(w, strikes[0])]
+        warns = [
+            w
+            for w in warns
+            if w.id not in cited and (kind == "host" or not w.gpu_pci or _same_gpu(w, strikes[0]))
+        ]
         score = weight + (0.5 if warns else 0.0)
         cats = ", ".join(sorted({s.category for s in strikes}))
         jobs = len({s.job.job for s in strikes if s.job is not None})
@@ -283,17 +326,27 @@ def repeat_offender(ctx: FleetContext) -> list[IncidentCandidate]:
     for host, strikes in sorted(by_host.items()):
         jobs = {s.job.job for s in strikes if s.job is not None}
         workloads = {s.workload for s in strikes}
-        if len(jobs) < int(cfg["min_jobs"]) or len(workloads) < int(cfg["min_workloads"]):
+        back = int(float(cfg["corroboration_before_s"]) * _NS)
+        cited = {i for s in strikes for i in s.evidence}  # a warning a strike cites is not more
+        warns = [
+            w
+            for w in ctx.warnings_on({host}, strikes[0].ts_ns - back, ctx.now_ns)
+            if w.id not in cited
+        ]
+        need = int(cfg["min_jobs_corroborated" if warns else "min_jobs"])
+        if len(jobs) < need or len(workloads) < int(cfg["min_workloads"]):
             continue
         p = poisson_sf(len(jobs), rate * ctx.host_jobs[host])
+        if warns:  # independent evidence: how often a host shows such warnings at all
+            p *= _warned_share(ctx, strikes[0].ts_ns - back)
         if p > float(cfg["max_p_value"]):
             continue
-        warns = ctx.warnings_on({host}, strikes[0].ts_ns - ctx.config.lookback_ns, ctx.now_ns)
         kind, component = "host", host
         gpus = Counter(gpu_id(s.gpu) for s in strikes if s.gpu is not None)
         if gpus:
             top, count = gpus.most_common(1)[0]
-            if count / len(strikes) >= float(cfg["gpu_share"]):
+            enough = count >= int(cfg["min_jobs"])
+            if enough and count / len(strikes) >= float(cfg["gpu_share"]):
                 kind, component = "gpu", top
         cats = Counter(s.category for s in strikes)
         text = (
@@ -302,12 +355,18 @@ def repeat_offender(ctx: FleetContext) -> list[IncidentCandidate]:
             f"{ctx.host_jobs[host]} jobs ran there (p={p:.1e} at the fleet's rate)"
             + (f"; {len(warns)} hardware warnings on it" if warns else "")
         )
-        score = surprise(p) + (1.0 if warns else 0.0)
+        score = surprise(p)
         out.append(
             ctx.candidate("repeat_offender", kind, component, score, strikes, text, warnings=warns)
         )
         ctx.consume(strikes)
     return out
+
+
+def _warned_share(ctx: FleetContext, since_ns: int) -> float:
+    """The share of the fleet's hosts with corroborating warnings since `since_ns`."""
+    hosts = {w.host for w in ctx.warnings if w.ts_ns is not None and w.ts_ns >= since_ns}
+    return max(len(hosts), 1) / max(len(ctx.view.topology) or len(ctx.host_jobs), 1)
 
 
 def recovered(ctx: FleetContext) -> list[IncidentCandidate]:

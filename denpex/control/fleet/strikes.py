@@ -11,6 +11,7 @@ import bisect
 import re
 import signal as signal_module
 from dataclasses import dataclass
+from functools import lru_cache
 
 from denpex.control.fleet.config import FleetConfig
 from denpex.control.fleet.model import EvidenceRecord, FleetView, GpuRef, JobOutcome
@@ -25,6 +26,7 @@ _CACHE_LIMIT = 50_000
 _rediagnosed: dict[tuple, tuple] = {}
 
 
+@lru_cache(maxsize=4096)
 def normal_pci(pci: str | None) -> str | None:
     """One spelling per PCI address: NVML's '00000000:3B:00.0' and the kernel's
     '0000:3b:00' are both '0000:3b:00' (function dropped: a GPU is one device)."""
@@ -66,22 +68,33 @@ class GpuDirectory:
     """Resolves a (host, PCI address) to the GPU's serial from what jobs and agents said."""
 
     def __init__(self, view: FleetView) -> None:
-        self._serial: dict[tuple[str, str], str] = {}
-        for job in view.jobs:
-            for gpu in job.gpus:
-                self._learn(gpu.host, gpu.pci, gpu.serial)
-        for event in view.host_events:
-            if event.host:
-                self._learn(event.host, event.gpu_pci, event.gpu_serial)
+        self._view = view
+        self._serial: dict[tuple[str, str], str] | None = None
 
-    def _learn(self, host: str, pci: str | None, serial: str | None) -> None:
-        key = normal_pci(pci)
-        if key and serial:
-            self._serial[(host, key)] = serial
+    def _build(self) -> dict[tuple[str, str], str]:
+        # one job per host names all its GPUs; the agents' own events may add the rest
+        serial: dict[tuple[str, str], str] = {}
+        seen: set[str] = set()
+        for job in reversed(self._view.jobs):  # the newest placement wins (boards move)
+            fresh = [h for h in job.hosts if h not in seen]
+            if not fresh:
+                continue
+            seen.update(fresh)
+            for gpu in job.gpus:
+                key = normal_pci(gpu.pci)
+                if gpu.host in fresh and key and gpu.serial:
+                    serial.setdefault((gpu.host, key), gpu.serial)
+        for event in self._view.host_events:
+            key = normal_pci(event.gpu_pci)
+            if event.host and key and event.gpu_serial:
+                serial.setdefault((event.host, key), event.gpu_serial)
+        return serial
 
     def resolve(self, host: str, pci: str | None, serial: str | None = None) -> GpuRef:
         key = normal_pci(pci)
         if not serial and key:
+            if self._serial is None:
+                self._serial = self._build()
             serial = self._serial.get((host, key))
         return GpuRef(host=host, pci=key, serial=serial)
 
