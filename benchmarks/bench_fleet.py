@@ -77,7 +77,7 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
             found[key] = incident
             opened[key] = world.now
             samples.append(
-                (incident.rules[0], _score_of(incident), incident.confidence, key in truth_keys)
+                (incident.rules[0], incident.score, incident.confidence, key in truth_keys)
             )
         if (
             how in ("opened", "updated")
@@ -140,10 +140,6 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
         wall_s=time.perf_counter() - started,
         samples=samples,
     )
-
-
-def _score_of(incident: Incident) -> float:
-    return getattr(incident, "score", 0.0)
 
 
 def expected_calibration_error(
@@ -236,7 +232,9 @@ def calibrate(results: list[SeedResult]) -> dict[str, list[list[float]]]:
         blocks: list[list[float]] = []  # [sum right, count, max score]
         for score, right in items:
             blocks.append([float(right), 1.0, score])
-            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            while (
+                len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] >= blocks[-1][0] / blocks[-1][1]
+            ):
                 s, n, x = blocks.pop()
                 blocks[-1] = [blocks[-1][0] + s, blocks[-1][1] + n, x]
         # shrink each block towards 0.5 by one pseudo-count: few samples, no certainties
@@ -263,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--speed", type=float, default=10.0, help="fleet time per real time")
     args = parser.parse_args(argv)
-    default = "101,102,103,104,105,106" if args.calibrate else "1,2,3"
+    default = ",".join(str(s) for s in range(101, 109)) if args.calibrate else "1,2,3"
     seeds = [int(s) for s in (args.seeds or default).split(",")]
     catalog = load_catalog()
     results = [run_seed(seed, args, catalog) for seed in seeds]

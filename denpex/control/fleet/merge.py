@@ -57,6 +57,7 @@ def _opened(candidate: IncidentCandidate, rules: tuple[str, ...]) -> Incident:
         explanation=candidate.explanation,
         action=candidate.action,
         tenants=candidate.tenants,
+        score=candidate.score,
     )
 
 
@@ -71,6 +72,7 @@ def _grown(
     grown = replace(
         incident,
         confidence=max(incident.confidence, candidate.confidence),
+        score=max(incident.score, candidate.score),
         rules=_union(incident.rules, rules),
         evidence=incident.evidence + added_evidence,
         jobs=incident.jobs + added_jobs,

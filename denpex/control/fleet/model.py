@@ -190,6 +190,7 @@ class Incident:
     state: str = "open"
     action: str = "none"
     tenants: tuple[str, ...] = ()
+    score: float = 0.0  # the strongest rule score behind `confidence`
 
     @property
     def key(self) -> tuple[str, str]:

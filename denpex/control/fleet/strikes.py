@@ -99,7 +99,9 @@ class GpuDirectory:
         return GpuRef(host=host, pci=key, serial=serial)
 
 
-def _evidence(record: EvidenceRecord, seq: int, job: JobOutcome | None) -> Evidence:
+def as_evidence(record: EvidenceRecord, seq: int, job: JobOutcome | None) -> Evidence:
+    """The engine's Evidence for a stored record; joined into `job` (an agent's host event),
+    it says whether it is about the job or only about its host (`attrs["attribution"]`)."""
     attrs: dict[str, object] = {}
     if job is not None:  # an agent's event joined into a job (contract: attribution)
         mine = record.job == job.job or (
@@ -173,9 +175,11 @@ def rediagnose(
     if found is not None:
         return found
     own_ids = {r.id for r in job.timeline}
-    items = [_evidence(r, i, None) for i, r in enumerate(job.timeline, 1)]
+    items = [as_evidence(r, i, None) for i, r in enumerate(job.timeline, 1)]
     offset = len(items)
-    items += [_evidence(r, offset + i, job) for i, r in enumerate(events, 1) if r.id not in own_ids]
+    items += [
+        as_evidence(r, offset + i, job) for i, r in enumerate(events, 1) if r.id not in own_ids
+    ]
     diagnosis = diagnose(
         DiagnosisInput(items, exit_code=job.exit_code, exit_signal=_signal_number(job))
     )
