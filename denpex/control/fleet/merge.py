@@ -1,6 +1,7 @@
 """`merge`: incident grouping and dedupe. One incident per cause (kind, component): a
 candidate for a cause that already has an open incident grows it with the new evidence and
-jobs (never a twin); a recovered host resolves its own and its GPUs' incidents.
+jobs (never a twin); a recovered host resolves its own and its GPUs' incidents; a host or
+GPU incident whose failed jobs a shared cause now explains is resolved, citing that cause.
 
 Pure: returns what the store should do; never writes, never reads the clock.
 """
@@ -11,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from denpex.control.fleet.model import (
+    HARDWARE_KINDS,
     Incident,
     IncidentCandidate,
     IncidentResolution,
@@ -143,4 +145,34 @@ def merge(
                         incident, candidate.rule, candidate.evidence, candidate.explanation
                     )
                 )
+    result.resolved.extend(_explained_away(current, suspects, result))
     return result
+
+
+def _explained_away(
+    current: dict[tuple[str, str], Incident],
+    suspects: dict[tuple[str, str], list[IncidentCandidate]],
+    result: MergeResult,
+) -> list[IncidentResolution]:
+    """A host or GPU incident opened before a shared cause was known (a driver rollout,
+    a switch) whose every failed job that cause now explains: resolved, citing the cause,
+    so that no host stays blamed for what was never its fault."""
+    shared = [c for group in suspects.values() for c in group if c.kind not in HARDWARE_KINDS]
+    done = {r.incident.key for r in result.resolved}
+    out = []
+    for key in sorted(current):
+        incident = current[key]
+        if incident.kind not in HARDWARE_KINDS or key in suspects or key in done:
+            continue
+        for cause in shared:
+            explained = (
+                set(incident.jobs) <= set(cause.jobs)
+                if incident.jobs
+                else set(incident.evidence) <= set(cause.evidence)
+            )
+            if explained:
+                text = f"explained by {cause.kind} {cause.component}: {cause.explanation}"
+                cited = tuple(e for e in incident.evidence if e in set(cause.evidence))
+                out.append(IncidentResolution(incident, cause.rule, cited, text))
+                break
+    return out

@@ -136,6 +136,30 @@ def test_suspicion_in_the_same_pass_wins_over_recovery():
     assert not result.resolved and len(result.updated) == 1
 
 
+def test_a_gpu_blamed_before_the_rollout_was_known_is_resolved_by_it():
+    gpu = stored(
+        candidate(kind="gpu", component="h05-g1", jobs=("j1", "j2"), rule="hardware_in_job"),
+        "inc-1",
+    )
+    other = stored(
+        candidate(kind="host", component="h09", jobs=("j1", "j7"), hosts=("h09",)), "inc-2"
+    )
+    rollout = candidate(
+        rule="fleet_wide",
+        kind="driver",
+        component="driver=bad",
+        jobs=("j1", "j2", "j3"),
+        evidence=("e1", "e2", "e3"),
+        hosts=("h05", "h06", "h07"),
+        action="none",
+    )
+    result = merge([gpu, other], [rollout])
+    assert [i.key for i in result.opened] == [("driver", "driver=bad")]
+    (resolution,) = result.resolved
+    assert resolution.incident.id == "inc-1" and resolution.rule == "fleet_wide"
+    assert resolution.explanation.startswith("explained by driver driver=bad")
+
+
 CASE = {
     "fleet": {"hosts": 64},
     "background": {"clean_jobs": 6},
