@@ -219,26 +219,39 @@ def summarise(results: list[SeedResult], args: argparse.Namespace) -> dict:
     return out
 
 
-def calibrate(results: list[SeedResult]) -> dict[str, list[list[float]]]:
-    """Per rule, isotonic (pool-adjacent-violators) fit of right-or-wrong on score: the
-    points for rules.yaml `confidence`."""
+def calibrate(results: list[SeedResult], prior_weight: float = 4.0) -> dict[str, dict]:
+    """Per rule, an isotonic (pool-adjacent-violators) fit of right-or-wrong on the rule's
+    score, each block shrunk towards the rule's own (Laplace) rate by `prior_weight` samples
+    so that one odd incident cannot set a whole range: rules.yaml `confidence` points."""
     by_rule: dict[str, list[tuple[float, bool]]] = defaultdict(list)
     for r in results:
         for rule, score, _conf, right in r.samples:
             by_rule[rule].append((score, right))
     tables = {}
     for rule, items in sorted(by_rule.items()):
-        items.sort()
-        blocks: list[list[float]] = []  # [sum right, count, max score]
+        prior = (sum(right for _, right in items) + 1) / (len(items) + 2)
+        ties: dict[float, list[float]] = {}  # one block per score: ties are never split
         for score, right in items:
-            blocks.append([float(right), 1.0, score])
+            tie = ties.setdefault(score, [0.0, 0.0])
+            tie[0] += float(right)
+            tie[1] += 1.0
+        blocks: list[list[float]] = []  # [right, count, highest score]
+        for score, (right_count, count) in sorted(ties.items()):
+            blocks.append([right_count, count, score])
             while (
                 len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] >= blocks[-1][0] / blocks[-1][1]
             ):
                 s, n, x = blocks.pop()
                 blocks[-1] = [blocks[-1][0] + s, blocks[-1][1] + n, x]
-        # shrink each block towards 0.5 by one pseudo-count: few samples, no certainties
-        tables[rule] = [[round(x, 2), round((s + 0.5) / (n + 1.0), 2)] for s, n, x in blocks]
+        tables[rule] = {
+            "samples": len(items),
+            "right": int(sum(right for _, right in items)),
+            "points": [
+                [round(x, 2), round((s + prior_weight * prior) / (n + prior_weight), 3)]
+                for s, n, x in blocks
+            ],
+            "blocks": [[int(s), int(n)] for s, n, _ in blocks],
+        }
     return tables
 
 
@@ -266,12 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     catalog = load_catalog()
     results = [run_seed(seed, args, catalog) for seed in seeds]
     if args.calibrate:
-        print(
-            json.dumps(
-                {"confidence": calibrate(results), "samples": sum(len(r.samples) for r in results)},
-                indent=2,
-            )
-        )
+        samples = [[r.seed, *sample] for r in results for sample in r.samples]
+        print(json.dumps({"confidence": calibrate(results), "samples": samples}, indent=1))
         return 0
     print(json.dumps(summarise(results, args), indent=2))
     return 0

@@ -13,106 +13,29 @@ import heapq
 import itertools
 import math
 import random
-from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_lines import AGENT_LINES, JOB_LINES, check_lines
+from fleet_lines import check_lines
+from fleet_records import (
+    DAY,
+    GPU_BUSES,
+    HOUR,
+    IMAGES,
+    NEW_DRIVER,
+    OLD_DRIVER,
+    START_NS,
+    Delivery,
+    Fault,
+    HostRecord,
+    Job,
+    S,
+    SimConfig,
+)
+from fleet_wire import ib_warning, job_report, kmsg_evidence, otlp_logs
 
-from denpex.agent.otlp import encode_logs, serialise
 from denpex.catalog import Catalog, load_catalog
 from denpex.control.fleet.model import Placement
-from denpex.core import jsonio
-from denpex.core.collector import detector_evidence
-from denpex.core.events import Event, Evidence
-from denpex.diagnosis import DiagnosisInput, diagnose
-from denpex.lite.scanner import Scanner
-
-S = 1_000_000_000
-HOUR = 3600 * S
-DAY = 24 * HOUR
-START_NS = 1_798_761_600 * S  # 2027-01-01T00:00:00Z: the simulated fleet's first instant
-GPU_BUSES = ("18", "2a", "3b", "4c", "5d", "9a", "ab", "bc")
-OLD_DRIVER, NEW_DRIVER = "535.161.08", "550.54.15"
-IMAGES = ("nvcr.io/nvidia/pytorch:24.05-py3", "nvcr.io/nvidia/pytorch:24.07-py3", "site/llm:2.3")
-
-
-@dataclass
-class SimConfig:
-    seed: int = 1
-    hosts: int = 512
-    hosts_per_switch: int = 16
-    hosts_per_rack: int = 32
-    days: float = 21.0
-    jobs_per_day: float = 200.0
-    xid_gpus: int = 4  # GPUs that Xid now and then
-    flapping_switches: int = 2  # leaf switches with a flapping uplink
-    bad_memory_hosts: int = 3  # hosts whose jobs die as "software"
-    rollout_share: float = 0.3  # hosts that get the bad driver
-    rollout_day: float = 8.0
-    software_failure: float = 0.12  # share of jobs that fail from their own code or data
-    kmsg_visible: float = 0.5  # share of hosts where `denpex run` can read the kernel log
-
-
-@dataclass
-class Fault:
-    """One injected fault: what it is (the truth an incident must name) and when."""
-
-    kind: str
-    component: str
-    host: str | None
-    start_ns: int
-    first_anomaly_ns: int | None = None
-    fixed_ns: int | None = None
-    gpu: int | None = None  # GPU index for a GPU fault
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.kind, self.component)
-
-    def active(self, now_ns: int) -> bool:
-        return self.start_ns <= now_ns and (self.fixed_ns is None or now_ns < self.fixed_ns)
-
-
-@dataclass
-class Job:
-    ident: str
-    name: str
-    user: str
-    image: str
-    hosts: list[str]
-    start_ns: int
-    end_ns: int
-    cause: tuple[str, ...] = ("ok",)  # ("ok",), ("software", category), ("fault", kind, id, cat)
-    root_host: str | None = None
-    root_gpu: int = 0
-    version: int = 0
-    size: int = 1
-    driver: str = OLD_DRIVER  # the root host's driver when the job started
-    kmsg: list[tuple[int, str, str]] = field(default_factory=list)  # kernel lines `denpex run` read
-
-
-@dataclass
-class Delivery:
-    """What one agent or one `denpex run` sends at `ts_ns`."""
-
-    ts_ns: int
-    kind: str  # "logs" (OTLP protobuf) | "report" (JSON)
-    body: bytes
-    host: str | None = None
-    telling: bool = True  # a failed job or an agent's warning: worth a correlation pass
-
-
-@dataclass
-class HostRecord:
-    name: str
-    index: int
-    switch: str
-    rack: str
-    driver: str = OLD_DRIVER
-    busy: str | None = None  # job id
-    drained: bool = False
-    diagnostics_passed_ns: int | None = None
-    serials: list[str] = field(default_factory=list)
+from denpex.core.events import Evidence
 
 
 class World:
@@ -388,7 +311,9 @@ class World:
                 self._agent_line(job.root_host, "xid119", gpu=job.root_gpu)
         self.finished.append(job)
         telling = job.cause[0] != "ok"
-        self.out.append(Delivery(self.now, "report", self._report(job), job.hosts[0], telling))
+        serials = {h: self.hosts[h].serials for h in job.hosts}
+        report = job_report(self.catalog, job, serials)
+        self.out.append(Delivery(self.now, "report", report, job.hosts[0], telling))
         for host in job.hosts:
             if self.hosts[host].drained:
                 self._at(self.now + 4 * HOUR, "diagnostics", host)
@@ -524,14 +449,7 @@ class World:
         return f"{host}:4242:{START_NS:x}:{next(self._ids)}"
 
     def _agent_line(self, host: str, which: str, gpu: int | None = None) -> None:
-        line = AGENT_LINES[which].format(pci=f"0000:{GPU_BUSES[gpu or 0]}:00")
-        event = Event(body=line, ts_ns=self.now, host=host, source="kmsg", kind="line")
-        matches = list(self.catalog.match_lines([line.encode()]))
-        found = []
-        for match in matches:
-            captures = match.signature.captures(line.encode())
-            evidence = match.signature.evidence(event, captures, self._agent_id(host))
-            found.append(evidence)
+        line, found = kmsg_evidence(self.catalog, host, which, self.now, gpu, self._agent_id(host))
         self._send_agent(host, found)
         if which.startswith("xid") and host in self.kmsg_hosts:
             job = self._running_on(host)
@@ -540,94 +458,8 @@ class World:
 
     def _agent_ib_warning(self, host: str) -> None:
         port = f"mlx5_{self.rng.randrange(8)}"
-        event = Event(
-            body=f"InfiniBand port {port}/1: port_xmit_discards rose by 412 in the last 300 s (threshold 100)",
-            ts_ns=self.now,
-            host=host,
-            source="ib",
-            kind="state",
-            attrs={"device": port, "port": 1, "link_layer": "InfiniBand"},
-        )
-        evidence = detector_evidence(
-            event,
-            signature="net.ib_error.ib_port_xmit_discards",
-            category="net.ib_error",
-            severity="warning",
-            summary=event.body,
-            action="check_fabric",
-            captures={"counter": "port_xmit_discards", "increase": "412", "window_s": "300"},
-        )
-        evidence.id = self._agent_id(host)
-        self._send_agent(host, [evidence])
+        self._send_agent(host, [ib_warning(host, self.now, port, self._agent_id(host))])
 
     def _send_agent(self, host: str, found: list[Evidence]) -> None:
         if found:
-            body = serialise(encode_logs(found, observed_ns=self.now), "http/protobuf")
-            self.out.append(Delivery(self.now, "logs", body, host))
-
-    # -- what `denpex run` sends -------------------------------------------------------------
-    def _report(self, job: Job) -> bytes:
-        scanner = Scanner(self.catalog)
-        failed_at = job.end_ns
-        lines: list[tuple[int, str, str]] = []  # (time, host, line)
-        cause = job.cause
-        root = job.root_host or job.hosts[0]
-        rank = job.hosts.index(root) * 8 + job.root_gpu
-        template = None
-        if cause[0] == "software":
-            template = cause[1]
-        elif cause[0] == "fault":
-            template = cause[4] if len(cause) > 4 and cause[4] == "xid79" else cause[3]
-        exit_code = 0
-        if template is not None:
-            exit_code = 1
-            for n, text in enumerate(JOB_LINES[template]):
-                lines.append(
-                    (failed_at - 5 * S + n, root, text.format(rank=rank, host=root, job=job.ident))
-                )
-            for other in range(min(3, len(job.hosts) * 8 - 1)):  # the others time out later
-                peer = (rank + 1 + other) % (len(job.hosts) * 8)
-                lines.append(
-                    (
-                        failed_at + 600 * S,
-                        job.hosts[peer // 8],
-                        JOB_LINES["watchdog"][0].format(rank=peer),
-                    )
-                )
-        for host in job.hosts:
-            scanner.stream(host, host=host)
-            scanner.stream(f"kmsg:{host}", host=host, source="kmsg")
-        for ts, host, line in job.kmsg:
-            scanner.feed(f"kmsg:{host}", (line + "\n").encode(), arrival_ns=ts)
-        for ts, host, text in sorted(lines):
-            scanner.feed(host, (text + "\n").encode(), arrival_ns=ts)
-        scanner.close_all()
-        scanner.apply_stream_defaults()
-        diagnosis = diagnose(
-            DiagnosisInput(scanner.evidence, exit_code=exit_code, stats=scanner.stats())
-        )
-        gpus = [
-            {
-                "host": h,
-                "pci": f"0000:{GPU_BUSES[g]}:00.0",
-                "serial": self.hosts[h].serials[g],
-                "rank": i * 8 + g,
-            }
-            for i, h in enumerate(job.hosts)
-            for g in range(8)
-        ]
-        body = {
-            "id": f"rep-{job.ident}",
-            "job": job.ident,
-            "user": job.user,
-            "hosts": job.hosts,
-            "ranks": list(range(len(job.hosts) * 8)),
-            "scheduler": {"slurm_job_id": job.ident},
-            "ended_ns": job.end_ns,
-            "started_ns": job.start_ns,
-            "name": job.name,
-            "gpus": gpus,
-            "labels": {"driver": job.driver, "image": job.image},
-            "diagnosis": diagnosis.to_dict(),
-        }
-        return jsonio.dumps(body)
+            self.out.append(Delivery(self.now, "logs", otlp_logs(found, self.now), host))
