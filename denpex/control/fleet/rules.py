@@ -106,24 +106,32 @@ def fleet_wide(ctx: FleetContext) -> list[IncidentCandidate]:
 
 
 def _burst(ctx: FleetContext, items: list[Strike]) -> tuple[list[Strike], float] | None:
-    """The burst window with the most hosts, if it has enough hosts, workloads and spread."""
+    """The burst window with the most hosts, if it has enough hosts, workloads and spread
+    (two pointers over the strikes, in time order)."""
     cfg = ctx.config["fleet_wide"]
     width = int(float(cfg["burst_window_s"]) * _NS)
-    best: list[Strike] | None = None
-    for i, first in enumerate(items):
-        window = [s for s in items[i:] if s.ts_ns - first.ts_ns <= width]
-        if best is None or len({s.host for s in window}) > len({s.host for s in best}):
-            best = window
-    if best is None:
+    hosts: Counter[str | None] = Counter()
+    best: tuple[int, int, int] = (0, 0, 0)  # (distinct hosts, start, end)
+    end = 0
+    for start, first in enumerate(items):
+        while end < len(items) and items[end].ts_ns - first.ts_ns <= width:
+            hosts[items[end].host] += 1
+            end += 1
+        if len(hosts) > best[0]:
+            best = (len(hosts), start, end)
+        hosts[first.host] -= 1
+        if not hosts[first.host]:
+            del hosts[first.host]
+    window = items[best[1] : best[2]]
+    burst_hosts = {s.host for s in window if s.host}
+    if len(burst_hosts) < int(cfg["burst_min_hosts"]):
         return None
-    hosts = {s.host for s in best if s.host}
-    workloads = {s.workload for s in best}
-    if len(hosts) < int(cfg["burst_min_hosts"]) or len(workloads) < 3:
+    if len({s.workload for s in window}) < int(cfg["burst_min_workloads"]):
         return None
-    if not _spread_ok(ctx, hosts):
+    if not _spread_ok(ctx, burst_hosts):
         return None
     rate = len(items) / max(1.0, ctx.config.lookback_ns / width)
-    return best, poisson_sf(len(best), rate)
+    return window, poisson_sf(len(window), rate)
 
 
 def shared_component(ctx: FleetContext) -> list[IncidentCandidate]:
