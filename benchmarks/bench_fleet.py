@@ -2,7 +2,7 @@
 truth (fleet_sim.py) replayed through the control plane's ingest and fleet rules, scored
 against the truth. Prints JSON.
 
-    python benchmarks/bench_fleet.py --in-process            # seeds 1-3, 21 days each
+    python benchmarks/bench_fleet.py --in-process            # seeds 11-15, 21 days each
     python benchmarks/bench_fleet.py --in-process --seeds 4 --days 7
     python benchmarks/bench_fleet.py --calibrate             # fit rules.yaml confidence tables
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         "--calibrate", action="store_true", help="fit confidence tables on calibration seeds"
     )
     parser.add_argument(
-        "--seeds", default=None, help="comma-separated seeds (default 1,2,3; calibrate 101-106)"
+        "--seeds", default=None, help="comma-separated seeds (default 11-15; calibrate 101-108)"
     )
     parser.add_argument("--days", type=float, default=21.0)
     parser.add_argument("--hosts", type=int, default=512)
@@ -274,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--speed", type=float, default=10.0, help="fleet time per real time")
     args = parser.parse_args(argv)
-    default = ",".join(str(s) for s in range(101, 109)) if args.calibrate else "1,2,3"
+    # seeds 1-3 tuned the rules and, with 101-108, fitted the confidence tables: the
+    # figures come from seeds neither saw
+    default = ",".join(str(s) for s in range(101, 109)) if args.calibrate else "11,12,13,14,15"
     seeds = [int(s) for s in (args.seeds or default).split(",")]
     catalog = load_catalog()
     results = [run_seed(seed, args, catalog) for seed in seeds]
