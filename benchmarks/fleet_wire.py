@@ -12,7 +12,7 @@ from fleet_records import GPU_BUSES, Job, S
 from denpex.agent.otlp import encode_logs, serialise
 from denpex.catalog import Catalog
 from denpex.core import jsonio
-from denpex.core.collector import detector_evidence
+from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.scanner import Scanner
@@ -34,23 +34,25 @@ def kmsg_evidence(
 def ib_warning(host: str, now_ns: int, port: str, ident: str) -> Evidence:
     """The IB collector's finding for a port whose xmit discards rose past its threshold."""
     event = Event(
-        body=f"InfiniBand port {port}/1: port_xmit_discards rose by 412 in the last 300 s "
-        "(threshold 100)",
+        body="",
         ts_ns=now_ns,
         host=host,
         source="ib",
         kind="state",
         attrs={"device": port, "port": 1, "link_layer": "InfiniBand"},
     )
+    captures = {
+        "link_layer": "InfiniBand",
+        "key": f"{port}/1",
+        "counter": "port_xmit_discards",
+        "increase": "412",
+        "window_s": "300",
+        "threshold": "100",
+    }
     evidence = detector_evidence(
-        event,
-        signature="net.ib_error.ib_port_xmit_discards",
-        category="net.ib_error",
-        severity="warning",
-        summary=event.body,
-        action="check_fabric",
-        captures={"counter": "port_xmit_discards", "increase": "412", "window_s": "300"},
+        event, "net.ib_error.ib_port_xmit_discards", captures=captures, severity="warning"
     )
+    event.body = evidence.summary
     evidence.id = ident
     return evidence
 
