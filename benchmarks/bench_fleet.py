@@ -4,6 +4,7 @@ against the truth. Prints JSON.
 
     python benchmarks/bench_fleet.py --in-process            # seeds 11-15, 21 days each
     python benchmarks/bench_fleet.py --in-process --seeds 4 --days 7
+    python benchmarks/bench_fleet.py --server                # the same through `denpex server`
     python benchmarks/bench_fleet.py --calibrate             # fit rules.yaml confidence tables
 
 Time is simulated: every `--loop-s` seconds of a server's correlation loop covers `--speed`
@@ -27,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fleet_replay import InProcessControlPlane
+from fleet_server import ServerControlPlane
+from fleet_records import GPU_BUSES
 from fleet_sim import HOUR, SimConfig, World
 
 from denpex.catalog import load_catalog
@@ -56,12 +59,29 @@ class SeedResult:
     samples: list[tuple[str, float, float, bool]] = field(
         default_factory=list
     )  # rule, score, conf, right
+    requests: int = 0  # HTTP requests to the server (--server)
+    http_s: float = 0.0
+    dropped_fields: list[str] = field(default_factory=list)  # report fields it does not take
 
 
 def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
     cfg = SimConfig(seed=seed, days=args.days, hosts=args.hosts)
     world = World(cfg, catalog)
-    plane = InProcessControlPlane(world.topology())
+    plane = (
+        ServerControlPlane(world.topology()).start()
+        if args.server
+        else InProcessControlPlane(world.topology())
+    )
+    try:
+        return _replay(seed, args, world, plane)
+    finally:
+        if isinstance(plane, ServerControlPlane):
+            plane.stop()
+
+
+def _replay(
+    seed: int, args: argparse.Namespace, world: World, plane: InProcessControlPlane
+) -> SeedResult:
     step = int(args.loop_s * args.speed * 1e9)
     found: dict[tuple[str, str], Incident] = {}
     opened: dict[tuple[str, str], int] = {}
@@ -77,7 +97,12 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
             found[key] = incident
             opened[key] = world.now
             samples.append(
-                (incident.rules[0], incident.score, incident.confidence, key in truth_keys)
+                (
+                    incident.rules[0],
+                    incident.score,
+                    incident.confidence,
+                    _truth_key(world, key) in truth_keys,
+                )
             )
         if (
             how in ("opened", "updated")
@@ -111,6 +136,8 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
         correlate_s += time.perf_counter() - t0
         passes += 1
 
+    found = {_truth_key(world, key): incident for key, incident in found.items()}
+    opened = {_truth_key(world, key): ns for key, ns in opened.items()}
     by_id = {j.ident: j for j in world.finished}
     blamed = 0
     for key, incident in found.items():
@@ -123,6 +150,7 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
         if causes and causes.most_common(1)[0][0] == "driver":
             blamed += 1
     manifested = [f for f in world.faults if f.first_anomaly_ns is not None]
+    server = plane if isinstance(plane, ServerControlPlane) else None
     return SeedResult(
         seed=seed,
         truth=[f.key for f in manifested],
@@ -139,7 +167,23 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
         passes=passes,
         wall_s=time.perf_counter() - started,
         samples=samples,
+        requests=server.requests if server else 0,
+        http_s=server.http_s if server else 0.0,
+        dropped_fields=sorted(server.dropped_fields) if server else [],
     )
+
+
+def _truth_key(world: World, key: tuple[str, str]) -> tuple[str, str]:
+    """A GPU incident named by host and PCI address (no report gave its serial) names the
+    same board as its serial: score it as that."""
+    kind, component = key
+    if kind == "gpu" and "/" in component:
+        host, pci = component.split("/", 1)
+        record = world.hosts.get(host)
+        bus = pci.split(":")[1] if pci.count(":") >= 2 else ""
+        if record is not None and bus in GPU_BUSES:
+            return (kind, record.serials[GPU_BUSES.index(bus)])
+    return key
 
 
 def expected_calibration_error(
@@ -184,7 +228,7 @@ def summarise(results: list[SeedResult], args: argparse.Namespace) -> dict:
             by_kind[k[0]].append((r.opened_ns[k] - r.first_anomaly_ns[k]) / HOUR)
     passes = sum(r.passes for r in results)
     out = {
-        "mode": "in-process",
+        "mode": "server" if args.server else "in-process",
         "seeds": [r.seed for r in results],
         "fleet": {"hosts": args.hosts, "gpus_per_host": 8, "days": args.days, "jobs_per_day": 200},
         "replay": {"loop_s": args.loop_s, "speed": args.speed},
@@ -210,6 +254,22 @@ def summarise(results: list[SeedResult], args: argparse.Namespace) -> dict:
             1000 * sum(r.correlate_s for r in results) / max(1, passes), 2
         ),
         "wall_s": round(sum(r.wall_s for r in results), 1),
+        **(
+            {
+                "server_requests": sum(r.requests for r in results),
+                "server_ms_per_request": round(
+                    1000
+                    * sum(r.http_s for r in results)
+                    / max(1, sum(r.requests for r in results)),
+                    2,
+                ),
+                "report_fields_the_server_does_not_take": sorted(
+                    {f for r in results for f in r.dropped_fields}
+                ),
+            }
+            if args.server
+            else {}
+        ),
         "targets": TARGETS,
         "published_bar_minder": MINDER,
         "meets_targets": precision >= TARGETS["precision"]
@@ -260,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument(
         "--in-process", action="store_true", help="the fleet rules in this process (default)"
+    )
+    mode.add_argument(
+        "--server",
+        action="store_true",
+        help="through a real `denpex server` (HTTP ingest, SQLite store, read back by its API)",
     )
     mode.add_argument(
         "--calibrate", action="store_true", help="fit confidence tables on calibration seeds"

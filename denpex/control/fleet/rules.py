@@ -274,6 +274,7 @@ def hardware_in_job(ctx: FleetContext) -> list[IncidentCandidate]:
     for strike in ctx.open_strikes():
         if strike.hardware and strike.host and strike.ts_ns >= since and ctx.after_recovery(strike):
             groups[_component_of(strike)].append(strike)
+    _attach_to_the_one_gpu(groups)
     out = []
     for (kind, component), strikes in sorted(groups.items()):
         weight, last = 0.0, None
@@ -307,6 +308,26 @@ def hardware_in_job(ctx: FleetContext) -> list[IncidentCandidate]:
         )
         ctx.consume(strikes)
     return out
+
+
+def _attach_to_the_one_gpu(groups: dict[tuple[str, str], list[Strike]]) -> None:
+    """A host's GPU-category strikes that name no GPU (a job whose report gives no GPU
+    placement) belong to the host's GPU with strikes of its own, when there is just one."""
+    gpus_of: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for key, strikes in groups.items():
+        if key[0] == "gpu" and strikes[0].host:
+            gpus_of[strikes[0].host].append(key)
+    for key in [k for k in groups if k[0] == "host"]:
+        owners = gpus_of.get(key[1], [])
+        if len(owners) != 1:
+            continue
+        moving = [s for s in groups[key] if s.category.startswith("gpu.")]
+        if not moving:
+            continue
+        groups[owners[0]] = sorted(groups[owners[0]] + moving, key=lambda s: s.ts_ns)
+        groups[key] = [s for s in groups[key] if not s.category.startswith("gpu.")]
+        if not groups[key]:
+            del groups[key]
 
 
 def _same_gpu(warning: EvidenceRecord, strike: Strike) -> bool:
