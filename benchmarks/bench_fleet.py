@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fleet_records import GPU_BUSES
 from fleet_replay import InProcessControlPlane
 from fleet_server import ServerControlPlane
-from fleet_records import GPU_BUSES
 from fleet_sim import HOUR, SimConfig, World
 
 from denpex.catalog import load_catalog

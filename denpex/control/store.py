@@ -236,6 +236,10 @@ class TenantStore:
                     ended_ns=report.ended_ns,
                     received_ns=received_ns,
                     diagnosis=jsonio.dumps(diagnosis).decode(),
+                    started_ns=report.started_ns,
+                    workload=report.name,
+                    gpus=jsonio.dumps(report.gpus).decode(),
+                    labels=jsonio.dumps(report.labels).decode(),
                 )
             )
             if report.hosts:
@@ -773,6 +777,10 @@ def report_dict(row: Any, *, full: bool) -> dict[str, Any]:
         "received_ns": row.received_ns,
     }
     if full:
+        out["started_ns"] = row.started_ns
+        out["name"] = row.workload
+        out["gpus"] = jsonio.loads(row.gpus)
+        out["labels"] = jsonio.loads(row.labels)
         out["diagnosis"] = jsonio.loads(row.diagnosis)
     return out
 
@@ -786,6 +794,9 @@ def incident_dict(row: Any, links: dict[str, list[str]] | None) -> dict[str, Any
         "title": row.title,
         "explanation": row.explanation,
         "confidence": row.confidence,
+        "score": row.score,
+        "rules": jsonio.loads(row.rules) or [row.rule],
+        "action": row.action,
         "status": row.status,
         "first_ns": row.first_ns,
         "last_ns": row.last_ns,
