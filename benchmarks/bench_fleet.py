@@ -61,7 +61,6 @@ class SeedResult:
     )  # rule, score, conf, right
     requests: int = 0  # HTTP requests to the server (--server)
     http_s: float = 0.0
-    dropped_fields: list[str] = field(default_factory=list)  # report fields it does not take
 
 
 def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
@@ -80,7 +79,10 @@ def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
 
 
 def _replay(
-    seed: int, args: argparse.Namespace, world: World, plane: InProcessControlPlane
+    seed: int,
+    args: argparse.Namespace,
+    world: World,
+    plane: InProcessControlPlane | ServerControlPlane,
 ) -> SeedResult:
     step = int(args.loop_s * args.speed * 1e9)
     found: dict[tuple[str, str], Incident] = {}
@@ -169,7 +171,6 @@ def _replay(
         samples=samples,
         requests=server.requests if server else 0,
         http_s=server.http_s if server else 0.0,
-        dropped_fields=sorted(server.dropped_fields) if server else [],
     )
 
 
@@ -263,9 +264,6 @@ def summarise(results: list[SeedResult], args: argparse.Namespace) -> dict:
                     / max(1, sum(r.requests for r in results)),
                     2,
                 ),
-                "report_fields_the_server_does_not_take": sorted(
-                    {f for r in results for f in r.dropped_fields}
-                ),
             }
             if args.server
             else {}
@@ -324,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--server",
         action="store_true",
-        help="through a real `denpex server` (HTTP ingest, SQLite store, read back by its API)",
+        help="through a real `denpex server --replay` (HTTP ingest, SQLite store, the fleet "
+        "rules in its leader, incidents read back from its API)",
     )
     mode.add_argument(
         "--calibrate", action="store_true", help="fit confidence tables on calibration seeds"

@@ -1,10 +1,11 @@
 """The fleet replay through a real `denpex server` (bench_fleet.py --server): every OTLP log
-request and job report goes over HTTP into the server's ingest and store (embedded SQLite),
-and the FleetView is built from what the server stored and serves back on its API
-(/api/v1/evidence/{id}, /api/v1/reports/{id}) — not from what was sent.
+request and job report goes over HTTP into the server's ingest and store (embedded SQLite);
+host state goes as the agents' metrics (denpex_host_info, the diagnostics' last pass); the
+fleet rules run in the server's leader (`--replay`: each pass at the replayed fleet time,
+asked for by POST /api/v1/replay/tick) and the incidents are read back from its API.
 
-The server is a child process on a loopback port with a temporary database; it is stopped
-(and the database removed) when the replay ends, whatever happens.
+The server is a child process on a loopback port with a temporary database and topology
+file; it is stopped (and the files removed) when the replay ends, whatever happens.
 """
 
 from __future__ import annotations
@@ -17,19 +18,19 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_replay import TENANT, InProcessControlPlane, records_from_otlp
+from fleet_replay import TENANT
 
-from denpex.control.fleet.model import EvidenceRecord
-from denpex.control.fleet.reports import outcome_from_report, parse_ts
+from denpex.agent.otlp import encode_metrics, serialise
+from denpex.control.fleet.model import HostState, Incident, Placement
 from denpex.core import jsonio
+from denpex.core.events import metric
 
-# the report fields `POST /api/v1/reports` accepts; the simulator's others are left out
-REPORT_FIELDS = ("id", "job", "user", "hosts", "ranks", "scheduler", "ended_ns", "diagnosis")
+PROTOBUF = "application/x-protobuf"
 
 
 def _free_port() -> int:
@@ -42,34 +43,55 @@ def _denpex(*args: str) -> list[str]:
     return [sys.executable, "-m", "denpex", *args]
 
 
-@dataclass
-class ServerControlPlane(InProcessControlPlane):
-    """The same correlation pass as in-process, over what a real server ingested."""
+def topology_file(topology: dict[str, Placement]) -> bytes:
+    """The site topology file `denpex server --topology` reads (JSON is YAML)."""
+    hosts = {
+        host: {
+            k: v
+            for k, v in (("rack", p.rack), ("switch", p.switch), ("pdu", p.pdu), ("pool", p.pool))
+            if v
+        }
+        | ({"rails": dict(p.rails)} if p.rails else {})
+        for host, p in sorted(topology.items())
+    }
+    return jsonio.dumps({"hosts": hosts})
 
+
+@dataclass
+class ServerControlPlane:
+    """Ingest, correlation and incidents all in a `denpex server` process."""
+
+    topology: dict[str, Placement]
     url: str = ""
-    dropped_fields: set[str] = field(default_factory=set)
     requests: int = 0
     http_s: float = 0.0
+    ingested: int = 0
     _token: str = ""
     _tmp: str = ""
     _process: subprocess.Popen | None = None
+    _sent_hosts: dict[str, tuple[Any, int | None]] = field(default_factory=dict)
 
     def start(self) -> ServerControlPlane:
         self._tmp = tempfile.mkdtemp(prefix="bench-fleet-")
         db = f"sqlite:///{os.path.join(self._tmp, 'cp.db')}"
+        topology = os.path.join(self._tmp, "topology.json")
+        with open(topology, "wb") as f:
+            f.write(topology_file(self.topology))
         self._token = subprocess.run(
-            _denpex("server", "token", "--db", db, "--tenant", TENANT, "--role", "operator"),
+            _denpex("server", "token", "--db", db, "--tenant", TENANT, "--role", "admin"),
             check=True,
             capture_output=True,
             text=True,
         ).stdout.strip()
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self._process = subprocess.Popen(
-            _denpex("server", "--db", db, "--listen", f"127.0.0.1:{port}", "--quota", "1e9"),
-            stdout=subprocess.DEVNULL,
-            stderr=open(os.path.join(self._tmp, "server.log"), "wb"),  # noqa: SIM115
-        )
+        args = ("--db", db, "--listen", f"127.0.0.1:{port}", "--quota", "1e9")
+        with open(os.path.join(self._tmp, "server.log"), "wb") as log:
+            self._process = subprocess.Popen(
+                _denpex("server", *args, "--topology", topology, "--replay"),
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
@@ -106,7 +128,7 @@ class ServerControlPlane(InProcessControlPlane):
         request = urllib.request.Request(self.url + path, body, headers, method=method)
         start = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=30) as reply:
+            with urllib.request.urlopen(request, timeout=120) as reply:
                 data = reply.read()
         except urllib.error.HTTPError as err:
             detail = err.read()[:300].decode(errors="replace")
@@ -119,37 +141,68 @@ class ServerControlPlane(InProcessControlPlane):
 
     def ingest(self, kind: str, body: bytes) -> None:
         if kind == "logs":
-            self._call("POST", "/v1/logs", body, "application/x-protobuf")
-            for sent in records_from_otlp(body):
-                path = "/api/v1/evidence/" + urllib.parse.quote(sent.id, safe="")
-                self.events[sent.id] = _stored_evidence(self._call("GET", path))
-            self.ingested += 1
-            return
-        report = jsonio.loads(body)
-        self.dropped_fields.update(k for k in report if k not in REPORT_FIELDS)
-        accepted = {k: v for k, v in report.items() if k in REPORT_FIELDS}
-        self._call("POST", "/api/v1/reports", jsonio.dumps(accepted), "application/json")
-        stored = self._call("GET", "/api/v1/reports/" + urllib.parse.quote(report["id"], safe=""))
-        self.jobs[report["id"]] = outcome_from_report(stored, tenant=TENANT)
+            self._call("POST", "/v1/logs", body, PROTOBUF)
+        else:
+            self._call("POST", "/api/v1/reports", body, "application/json")
         self.ingested += 1
 
+    def _send_host_state(self, now_ns: int, hosts: dict[str, HostState]) -> None:
+        """What the agents would have sent since the last pass: a host's labels when they
+        changed, the time its diagnostics last passed when they passed again."""
+        points = []
+        for host, state in sorted(hosts.items()):
+            sent = (tuple(sorted(state.labels.items())), state.diagnostics_passed_ns)
+            if self._sent_hosts.get(host) == sent:
+                continue
+            self._sent_hosts[host] = sent
+            labels = {k: str(v) for k, v in state.labels.items()}
+            points.append(
+                metric("host_info", 1, source="agent", labels=labels, host=host, ts_ns=now_ns)
+            )
+            if state.diagnostics_passed_ns is not None:
+                points.append(
+                    metric(
+                        "diagnostics_last_pass_timestamp_seconds",
+                        state.diagnostics_passed_ns / 1e9,
+                        source="dcgm",
+                        host=host,
+                        ts_ns=now_ns,
+                    )
+                )
+        if points:
+            body = serialise(encode_metrics(points, now_ns=now_ns), "http/protobuf")
+            self._call("POST", "/v1/metrics", body, PROTOBUF)
 
-def _stored_evidence(row: dict[str, Any]) -> EvidenceRecord:
-    """An evidence row as the server's API returns it."""
-    captures = row.get("captures") or {}
-    attrs = row.get("attrs") or {}
-    return EvidenceRecord(
-        id=row["id"],
-        ts_ns=row.get("ts_ns") or parse_ts(row.get("ts")),
-        host=row.get("host"),
-        category=str(row.get("category") or "unknown"),
-        severity=str(row.get("severity") or "info"),
-        source=str(row.get("source") or "agent"),
-        signature=str(row.get("signature") or ""),
-        rank=row.get("rank"),
-        gpu_pci=captures.get("pci") or attrs.get("pci"),
-        gpu_serial=attrs.get("gpu_serial"),
-        job=row.get("job"),
-        tenant=TENANT,
-        body=str(row.get("body") or row.get("summary") or ""),
+    def correlate(
+        self, now_ns: int, hosts: dict[str, HostState], on_change: Callable[[Incident, str], None]
+    ) -> dict[str, list[int]]:
+        """One leader pass in the server at fleet time `now_ns`; every incident it opened,
+        grew or resolved is read back from the API."""
+        self._send_host_state(now_ns, hosts)
+        done = self._call("POST", f"/api/v1/replay/tick?now_ns={now_ns}")["tenants"].get(TENANT, {})
+        for how in ("opened", "updated", "resolved"):
+            for incident_id in done.get(how, []):
+                on_change(_incident(self._call("GET", f"/api/v1/incidents/{incident_id}")), how)
+        return done
+
+
+def _incident(item: dict[str, Any]) -> Incident:
+    """An incident as the API shows it, as the fleet's record the benchmark scores."""
+    return Incident(
+        id=str(item["id"]),
+        kind=item["component"]["kind"],
+        component=item["component"]["id"],
+        category=item["category"],
+        confidence=float(item["confidence"]),
+        rules=tuple(item["rules"]),
+        evidence=tuple(item["evidence"]),
+        jobs=tuple(item["jobs"]),
+        hosts=tuple(item["hosts"]),
+        first_ns=item["first_ns"],
+        last_ns=item["last_ns"],
+        explanation=item["explanation"],
+        state=item["status"],
+        action=item["action"],
+        tenants=(TENANT,),
+        score=float(item["score"]),
     )

@@ -88,20 +88,22 @@ class FleetWindow:
             self.dirty = True
 
     def refresh(self, store: FleetStore, now_ns: int) -> None:
-        """Read what is new from the store: everything in the lookback when the window is
-        cold or due a reload, else the agent evidence since the newest held (less
-        `late_s`). Reports come through add_reports (the pass's pending ones)."""
+        """Read what is new from the store: the whole lookback when the window is cold; the
+        agents' evidence of the whole lookback again when due a reload (late deliveries),
+        else only since the newest it holds (less `late_s`). New reports come through
+        add_reports (the pass's pending ones), so they are read once."""
         window = self.config["window"]
         since = now_ns - self.config.lookback_ns
         reload_ns = int(float(window["reload_s"]) * 1e9)
+        if self.reloaded_ns is None:
+            self.add_reports(store.reports_since(since))
         if self.reloaded_ns is None or now_ns - self.reloaded_ns >= reload_ns:
-            self.jobs.clear()
+            held, was_dirty = set(self.events), self.dirty
             self.events.clear()
             self._newest_event_ns = 0
-            self.add_reports(store.reports_since(since))
             self._add_evidence(store.evidence_since(since))
+            self.dirty = was_dirty or not set(self.events) <= held  # late ones arrived
             self.reloaded_ns = now_ns
-            self.dirty = True
         else:
             late_ns = int(float(window["late_s"]) * 1e9)
             self._add_evidence(store.evidence_since(max(since, self._newest_event_ns - late_ns)))
