@@ -157,6 +157,12 @@ def create_app(rt: Runtime) -> FastAPI:
         host: str | None = None,
         job: str | None = None,
         category: str | None = None,
+        kind: Annotated[
+            str | None, Query(description="component kind: job, host, gpu, switch, driver …")
+        ] = None,
+        component: Annotated[
+            str | None, Query(description="component id: a host, a GPU serial, a switch …")
+        ] = None,
         since: Since = None,
         until: Until = None,
         limit: Limit = 100,
@@ -167,6 +173,8 @@ def create_app(rt: Runtime) -> FastAPI:
             host=host,
             job=job,
             category=category,
+            kind=kind,
+            component=component,
             since=_time(since, "since"),
             until=_time(until, "until"),
             limit=limit,

@@ -439,17 +439,25 @@ class TenantStore:
         host: str | None = None,
         job: str | None = None,
         category: str | None = None,
+        kind: str | None = None,
+        component: str | None = None,
         since: int | None = None,
         until: int | None = None,
         limit: int = 100,
         cursor: tuple[Any, ...] | None = None,
     ) -> Page:
+        """Newest first; `kind` and `component` select one component's incidents (a GPU
+        serial's history: kind=gpu, component=<serial>)."""
         inc = s.incidents
         query = sa.select(inc).where(inc.c.tenant == self.tenant)
-        if status is not None:
-            query = query.where(inc.c.status == status)
-        if category is not None:
-            query = query.where(inc.c.category == category)
+        query = _filters(
+            query,
+            inc,
+            status=status,
+            category=category,
+            component_kind=kind,
+            component_id=component,
+        )
         links = s.incident_links
         for kind, ref in (("host", host), ("job", job)):
             if ref is not None:

@@ -80,6 +80,9 @@ def test_a_gpu_incident_opens_grows_and_resolves_by_rule(replay):
     assert len(fleet_incidents(api)) == 1
     history = api.get("/api/v1/hosts/node5").json()
     assert [i["id"] for i in history["incidents"]] == [incident["id"]]
+    of_gpu = fleet_incidents(api, kind="gpu", component=GPU)
+    assert [i["id"] for i in of_gpu] == [incident["id"]]
+    assert fleet_incidents(api, kind="gpu", component="node5/0000:aa:00") == []
 
     # diagnostics pass and three clean jobs: the rule `recovered` resolves it
     passed = T0 + 3600 * S
