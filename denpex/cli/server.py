@@ -71,6 +71,18 @@ def add_parser(commands) -> None:
         help="also accept OIDC tokens (ID tokens, JWT access tokens) of the provider this YAML "
         "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
     )
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="site topology (YAML/JSON: each host's rack, leaf switch, PDU, pool, GPU rails) "
+        "for the fleet rules' shared-component incidents",
+    )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay recorded or simulated fleet history: no correlation loop of its own, an "
+        "admin's POST /api/v1/replay/tick?now_ns=… runs each pass at the replayed time",
+    )
     _kms_option(parser)
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
@@ -178,6 +190,8 @@ def handle(args: argparse.Namespace) -> int:
         policy_dir=args.policies,
         oidc=_oidc(args),
         kms_url=args.kms,
+        topology=_topology(args.topology),
+        replay=args.replay,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
@@ -198,6 +212,20 @@ def _oidc(args: argparse.Namespace):
         return OidcConfig.load(path)
     except OidcConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _topology(path: str | None) -> dict:
+    from denpex.control.fleet.topology import parse_topology
+
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_topology(f.read())
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--topology {path}: {exc}") from None
 
 
 def handle_token(args: argparse.Namespace) -> int:
