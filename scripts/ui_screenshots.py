@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                         target = (
                             args.out / f"{name}-{scheme}{'-phone' if size == 'phone' else ''}.png"
                         )
-                        page.screenshot(path=str(target), full_page=size == "phone")
+                        page.screenshot(path=str(target))
                         print(target)
                     context.close()
                 browser.close()

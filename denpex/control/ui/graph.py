@@ -15,7 +15,7 @@ from typing import Any
 from denpex.control.ui.views import LAYERS
 from denpex.lite.report_html import evidence_anchor
 
-_W, _NODE_W, _NODE_H, _GAP, _TOP = 900, 300, 54, 14, 34
+_W, _NODE_W, _NODE_H, _GAP, _TOP = 900, 330, 54, 14, 34
 _LAYER_ORDER = {name: i for i, name in enumerate(LAYERS.values())}
 
 
@@ -87,8 +87,8 @@ def causal_svg(incident: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def _node(node: Node, x: float, y: float) -> str:
     where = ", ".join(sorted(w for w in node.where if w)) or "host unknown"
-    if len(where) > 30:
-        where = where[:29] + "…"
+    if len(where) > 28:
+        where = where[:27] + "…"
     detail = f"{node.layer} · {where} · {len(node.evidence)} evidence"
     label = node.category if len(node.category) <= 34 else node.category[:33] + "…"
     box = (

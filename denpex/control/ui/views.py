@@ -177,7 +177,9 @@ def incident_view(store: TenantStore, incident_id: int) -> IncidentView:
         evidence.append(row)
     evidence.sort(key=lambda r: (r["ts_ns"], r["id"]))
     history = []
-    for host in incident["hosts"][:3]:
+    root_host = (diagnosis or {}).get("root_cause", {}).get("host")
+    hosts = sorted(incident["hosts"], key=lambda h: (h != root_host, h))  # the culprit first
+    for host in hosts[:3]:
         try:
             found = store.host(host, since=None, until=None, limit=20)
         except NotFound:
