@@ -224,9 +224,10 @@ JOB_FILTERS = ("job", "user", "category", "host")
 
 
 def jobs_page(store: TenantStore, filters: dict[str, str], cursor: tuple[Any, ...] | None) -> Page:
-    """Recent job reports, newest first, by exact job id, user, category and host."""
+    """Recent job reports, newest first, by exact job id, user, category and host; a failed
+    one carries the id of the newest incident that names its job (None before correlation)."""
     given = {k: filters.get(k, "").strip() or None for k in JOB_FILTERS}
-    return store.jobs(
+    found = store.jobs(
         job=given["job"],
         user=given["user"],
         category=given["category"],
@@ -234,3 +235,7 @@ def jobs_page(store: TenantStore, filters: dict[str, str], cursor: tuple[Any, ..
         limit=50,
         cursor=cursor,
     )
+    for item in found.items:
+        linked = store.incidents(job=item["job"] or item["id"], limit=1).items
+        item["incident"] = linked[0]["id"] if item["status"] == "failed" and linked else None
+    return found

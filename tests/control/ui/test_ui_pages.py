@@ -105,6 +105,8 @@ def test_fleet_and_incident_show_the_tenants_own_data(ui: Api) -> None:
     assert foreign.status_code == 404 and "globex GPU" not in foreign.text
     assert ui.client.get("/hosts/gx-01").status_code == 404
     assert ui.client.get("/evidence/r-globex-1/e1").status_code == 404
+    jobs = ui.client.get("/jobs?job=bert-finetune").text
+    assert f'href="/incidents/{incident_of(ui, "bert-finetune")}"' in jobs
     assert "alice" in ui.client.get("/jobs?user=alice").text
     assert "jobs-none" in ui.client.get("/jobs?user=nobody").text
 
