@@ -59,6 +59,18 @@ def add_parser(commands) -> None:
         default=50_000.0,
         help="ingest quota per tenant and replica (429 beyond it)",
     )
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="site topology (YAML/JSON: each host's rack, leaf switch, PDU, pool, GPU rails) "
+        "for the fleet rules' shared-component incidents",
+    )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay recorded or simulated fleet history: no correlation loop of its own, an "
+        "admin's POST /api/v1/replay/tick?now_ns=… runs each pass at the replayed time",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -133,12 +145,28 @@ def handle(args: argparse.Namespace) -> int:
             max_age_days=args.retention_days, max_rows_per_tenant=args.max_evidence_rows
         ),
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
+        topology=_topology(args.topology),
+        replay=args.replay,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _topology(path: str | None) -> dict:
+    from denpex.control.fleet.topology import parse_topology
+
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_topology(f.read())
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--topology {path}: {exc}") from None
 
 
 def handle_token(args: argparse.Namespace) -> int:
