@@ -27,6 +27,7 @@ from denpex.enterprise import (
     TokenDirectory,
     authenticate,
     authorize,
+    decide,
 )
 
 
@@ -42,29 +43,50 @@ class AccessRuntime(Protocol):
 
 class Decides:
     """The one auth dependency: authenticate (unless `public`), then ask the policy set
-    whether the caller may do `action` on the route's resource; a denial is recorded in the
-    denial log and answered 403. The resource is the action's kind in the caller's tenant,
-    with the `category` and `host` the request names."""
+    whether the caller may do `action` (and each of `also`: a page that shows several kinds
+    of data needs each) on the route's resource; a denial is recorded in the denial log and
+    answered 403. The resource is the action's kind in the caller's tenant, with the
+    `category` and `host` the request names."""
 
-    def __init__(self, rt: AccessRuntime, action: str, *, public: bool = False) -> None:
-        if action not in rt.policies.actions:
-            raise ValueError(f"route action {action!r} is not in the policy set's manifest")
+    def __init__(
+        self, rt: AccessRuntime, action: str, *, public: bool = False, also: tuple[str, ...] = ()
+    ) -> None:
+        for name in (action, *also):
+            if name not in rt.policies.actions:
+                raise ValueError(f"route action {name!r} is not in the policy set's manifest")
         self.rt = rt
         self.action = action
+        self.also = also
         self.public = public
         self.kind = action.partition(":")[0]
 
     def __call__(self, request: Request) -> Principal | None:
-        rt = self.rt
-        if self.public:  # no principal: the route serves no tenant's data
-            resource = Resource(self.kind, "")
-            authorize(ANONYMOUS, self.action, resource, policies=rt.policies, denials=rt.denials)
+        if self.public:
+            self.decide_public()
             return None
-        found = authenticate(request.headers, rt.tokens, rt.oidc)
+        return self.decide(request, authenticate(request.headers, self.rt.tokens, self.rt.oidc))
+
+    def decide_public(self) -> None:
+        """No principal: the route serves no tenant's data."""
+        rt = self.rt
+        resource = Resource(self.kind, "")
+        authorize(ANONYMOUS, self.action, resource, policies=rt.policies, denials=rt.denials)
+
+    def decide(self, request: Request, found: Principal) -> Principal:
+        """`found` (authenticated by the caller) when the policy set allows every action."""
+        rt = self.rt
         attrs = {k: v for k in ("category", "host") if (v := request.query_params.get(k))}
-        resource = Resource(self.kind, found.tenant, attrs)
-        authorize(found, self.action, resource, policies=rt.policies, denials=rt.denials)
+        for action in (self.action, *self.also):
+            resource = Resource(action.partition(":")[0], found.tenant, attrs)
+            authorize(found, action, resource, policies=rt.policies, denials=rt.denials)
         return found
+
+
+def allows(rt: AccessRuntime, principal: Principal, action: str) -> bool:
+    """Whether the policy set would allow `action` in the principal's tenant: for showing or
+    hiding a control, never for guarding a route (nothing is recorded)."""
+    resource = Resource(action.partition(":")[0], principal.tenant)
+    return decide(principal, action, resource, policies=rt.policies).allowed
 
 
 class SecretValue(BaseModel):

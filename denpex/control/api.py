@@ -1,5 +1,6 @@
 """The HTTP surface of `denpex server` (FastAPI): OTLP/HTTP ingest on /v1/logs and
-/v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json.
+/v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json (the web UI
+at `/` is mounted from denpex.control.ui).
 
 Every route names its action and depends on one Decides (control/access.py): it
 authenticates (except for the public service routes) and asks the Cedar policy set BEFORE
@@ -396,6 +397,9 @@ def create_app(rt: Runtime) -> FastAPI:
         return _json(request, rt.store.scoped(who).evidence(evidence_id))
 
     add_access_routes(app, rt)
+    from denpex.control.ui import mount_ui  # the web UI at `/`, through the same auth
+
+    mount_ui(app, rt)
     return app
 
 

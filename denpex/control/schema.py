@@ -185,6 +185,14 @@ secrets = sa.Table(
     sa.Column("updated_ns", sa.BigInteger, nullable=False),
 )
 
+server_secrets = sa.Table(  # shared by every replica; never tenant data, never in a page
+    "server_secrets",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+)
+
 leader = sa.Table(
     "leader",
     metadata,

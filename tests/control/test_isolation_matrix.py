@@ -1,5 +1,6 @@
 """The tenant isolation matrix: two tenants drive every endpoint and method of a real
-`denpex server` (taken from its own /openapi.json: an endpoint the matrix has no request for
+`denpex server` (taken from its own /openapi.json and the web UI's route table, the UI's
+pages and forms through a logged-in session: an endpoint the matrix has no request for
 fails the test) with seeded random interleaved requests, each probing the other tenant's ids
 and names; then the store is read past the application. 0 rows of one tenant may be seen
 or changed by the other. The same matrix runs on SQLite and on PostgreSQL, where the
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +24,7 @@ import pytest
 import sqlalchemy as sa
 
 from denpex.agent.otlp import encode_logs, encode_metrics, serialise
+from denpex.control.ui.session import COOKIE
 from denpex.core.events import metric
 from tests.control.conftest import ServerProcess, mint
 from tests.control.helpers import T0, evidence, report
@@ -41,6 +44,7 @@ def mark(tenant: str) -> str:
 class Side:
     tenant: str
     tokens: dict[str, str]
+    sessions: dict[str, tuple[str, str]] = field(default_factory=dict)  # role → cookie, CSRF
     evidence: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     incidents: list[int] = field(default_factory=list)
@@ -120,6 +124,24 @@ class Matrix:
                 ok(200),
             ),
             ("PUT", "/api/v1/secrets/{name}"): self.put_secret,
+            # the web UI: pages and forms of a session, as the browser sends them
+            ("GET", "/login"): lambda me, other: self.page(me, "GET", "/login", ok(200, 303)),
+            ("POST", "/login"): lambda me, other: self.page(
+                me, "POST", "/login", ok(303), form={"token": me.tokens["viewer"], "next": "/"}
+            ),
+            ("POST", "/logout"): lambda me, other: self.page(me, "POST", "/logout", ok(303)),
+            ("GET", "/"): lambda me, other: self.page(
+                me, "GET", "/", ok(200), params={"q": self.rng.choice(("", mark(other.tenant)))}
+            ),
+            ("GET", "/incidents/{incident_id}"): self.incident_page,
+            ("POST", "/incidents/{incident_id}/{verb}"): self.incident_form,
+            ("GET", "/evidence/{evidence_id:path}"): self.evidence_page,
+            ("GET", "/hosts/{host}"): lambda me, other: self.page(
+                me, "GET", f"/hosts/{self.rng.choice(HOSTS)}", ok(200, 404)
+            ),
+            ("GET", "/jobs"): lambda me, other: self.page(
+                me, "GET", "/jobs", ok(200), params=self.filters("job", "host", "category", "user")
+            ),
             ("DELETE", "/api/v1/secrets/{name}"): lambda me, other: (
                 "admin",
                 "DELETE",
@@ -211,6 +233,48 @@ class Matrix:
         path = f"/api/v1/secrets/{self.secret_name(me)}"
         return ("admin", "PUT", path, {"json": value}, ok(200))
 
+    # --- the web UI ----------------------------------------------------------------------------
+
+    def page(
+        self,
+        me: Side,
+        method: str,
+        path: str,
+        expect: Callable[[httpx.Response], bool],
+        role: str = "viewer",
+        params: dict[str, str] | None = None,
+        form: dict[str, str] | None = None,
+    ) -> Request:
+        cookie, csrf = me.sessions[role]
+        kwargs: dict[str, Any] = {"headers": {"Cookie": f"{COOKIE}={cookie}"}}
+        if params:
+            kwargs["params"] = params
+        if method == "POST":
+            kwargs["data"] = {"csrf": csrf, **(form or {})}
+        return (role, method, path, kwargs, expect)
+
+    def incident_page(self, me: Side, other: Side) -> Request:
+        incident, probe = self.pick(me, other, "incidents")
+        if incident is None:
+            return self.page(me, "GET", "/incidents/999999", ok(404))
+        return self.page(me, "GET", f"/incidents/{incident}", ok(404) if probe else ok(200))
+
+    def incident_form(self, me: Side, other: Side) -> Request:
+        incident, probe = self.pick(me, other, "incidents")
+        verb = self.rng.choice(("acknowledge", "resolve"))
+        if self.rng.random() < 0.1:  # a viewer's session may not
+            return self.page(me, "POST", f"/incidents/{incident or 1}/{verb}", ok(403))
+        if incident is None:
+            return self.page(me, "POST", f"/incidents/999999/{verb}", ok(404), role="operator")
+        expect = ok(404) if probe else ok(303, 409)
+        return self.page(me, "POST", f"/incidents/{incident}/{verb}", expect, role="operator")
+
+    def evidence_page(self, me: Side, other: Side) -> Request:
+        found, probe = self.pick(me, other, "evidence")
+        if found is None:
+            return self.page(me, "GET", "/evidence/none-yet", ok(404))
+        return self.page(me, "GET", f"/evidence/{found}", ok(404) if probe else ok(200))
+
     # --- reads by id ---------------------------------------------------------------------------
 
     def by_id(self, path: str, me: Side, other: Side, attr: str) -> Request:
@@ -235,6 +299,41 @@ class Matrix:
         return self.read(f"/api/v1/jobs/{self.rng.choice(JOBS)}")
 
 
+def ui_routes() -> set[tuple[str, str]]:
+    """The web UI's pages and forms (not in /openapi.json), from its own route table."""
+    from types import SimpleNamespace
+
+    from fastapi import FastAPI
+    from fastapi.routing import APIRoute
+
+    from denpex.control.ui import mount_ui
+    from denpex.enterprise import load_policies
+
+    app = FastAPI()
+    runtime = SimpleNamespace(store=None, tokens=None, oidc=None, denials=None)
+    runtime.policies = load_policies()
+    mount_ui(app, runtime)
+    routes = [r for r in app.routes if isinstance(r, APIRoute)]
+    return {(method, route.path) for route in routes for method in route.methods}
+
+
+def ui_session(base: str, token: str) -> tuple[str, str]:
+    """Log in to the UI with `token`: the session cookie and its CSRF token."""
+
+    def csrf_of(html: str) -> str:
+        found = re.search(r'name="csrf" value="([^"]+)"', html)
+        assert found, "no CSRF field in the page"
+        return found.group(1)
+
+    with httpx.Client(base_url=base, timeout=30) as client:
+        form = client.get("/login")
+        reply = client.post("/login", data={"token": token, "csrf": csrf_of(form.text)})
+        assert reply.status_code == 303, reply.text
+        cookie = reply.cookies[COOKIE]
+        jobs = client.get("/jobs", headers={"Cookie": f"{COOKIE}={cookie}"})
+        return cookie, csrf_of(jobs.text)
+
+
 def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: int) -> Tally:
     print(f"isolation matrix seed={seed}")
     rng = random.Random(seed)
@@ -242,11 +341,12 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
         t: Side(t, {r: mint(url, t, r) for r in ("viewer", "operator", "auditor", "admin")})
         for t in TENANTS
     }
+    for side in sides.values():
+        side.sessions = {r: ui_session(server.base, side.tokens[r]) for r in ("viewer", "operator")}
     matrix = Matrix(rng, sides)
     spec = httpx.get(server.base + "/openapi.json").json()
-    served = {(method.upper(), path) for path, item in spec["paths"].items() for method in item} | {
-        ("GET", "/openapi.json")
-    }
+    served = {(method.upper(), path) for path, item in spec["paths"].items() for method in item}
+    served |= {("GET", "/openapi.json")} | ui_routes()
     missing = served - set(matrix.generators) - {("GET", "/openapi.json")}
     assert not missing, f"endpoints the isolation matrix does not exercise: {sorted(missing)}"
     routes = sorted(matrix.generators)
@@ -260,6 +360,7 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             kwargs = dict(kwargs)
             headers = {"Authorization": f"Bearer {me.tokens[role]}", **kwargs.pop("headers", {})}
             reply = client.request(method, path, headers=headers, **kwargs)
+            client.cookies.clear()  # a session travels only in the request that names it
             tally.requests += 1
             tally.by_route[route] += 1
             probe = any(str(x) in path for x in (*other.evidence, *other.reports)) or (

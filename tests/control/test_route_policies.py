@@ -70,17 +70,27 @@ def forbid_all(tmp_path: Path, db_url: str):
 
 
 def test_every_route_is_refused_when_the_policy_set_says_no(forbid_all):
+    from denpex.control.ui.session import COOKIE, SessionCodec, new_session
+
     api = forbid_all
     headers = api.headers("acme", "admin")
-    authenticated = 0
+    # the UI's pages take the same token from a session cookie (logging in is refused too)
+    session = SessionCodec(api.runtime.store).seal(new_session(api.token("acme", "admin")))
+    authenticated = pages = 0
     for route in api.client.app.routes:
         if not isinstance(route, APIRoute):
             continue  # static assets (checked by the route walk above)
         for method in sorted(route.methods):
+            api.client.cookies.set(COOKIE, session)
             reply = api.client.request(method, concrete(route.path), headers=headers)
             assert reply.status_code == 403, (method, route.path, reply.text)
-            assert "lockdown" in reply.json()["error"]["message"]
+            if reply.headers["content-type"].startswith("text/html"):
+                pages += 1
+                assert "denied by policy lockdown" in reply.text, (method, route.path)
+            else:
+                assert "lockdown" in reply.json()["error"]["message"]
             authenticated += not decisions_of(route)[0].public
+    assert pages >= 8  # login, logout, fleet, incident, its forms, evidence, host, jobs
     from denpex.enterprise import authenticate
 
     admin = authenticate(headers, api.runtime.tokens)

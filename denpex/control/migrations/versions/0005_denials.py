@@ -2,8 +2,8 @@
 the policy set's version). In PostgreSQL it is a tenant table like the others: row-level
 security (ENABLE + FORCE) on `denpex.tenant`, written and read as `denpex_tenant`.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
