@@ -112,9 +112,7 @@ def _mix16(data: memoryview, at: int, secret: bytes, s_at: int, seed: int) -> in
 def _custom_secret(seed: int) -> bytes:
     """The secret XXH3 derives from a non-zero seed (used for inputs over 240 bytes)."""
     words = struct.unpack("<24Q", K_SECRET)
-    derived = [
-        (w + seed) & M64 if i % 2 == 0 else (w - seed) & M64 for i, w in enumerate(words)
-    ]
+    derived = [(w + seed) & M64 if i % 2 == 0 else (w - seed) & M64 for i, w in enumerate(words)]
     return struct.pack("<24Q", *derived)
 
 

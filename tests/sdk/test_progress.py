@@ -16,7 +16,14 @@ import orjson
 
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
-from denpex.sdk.progress_rules import PeerView, Thresholds, find_stragglers, judge_hang
+from denpex.series.progress import PeerView, deadline_of, find_stragglers, judge_hang
+from denpex.series.thresholds import ProgressRules, with_options
+
+
+def Thresholds(**overrides: float) -> ProgressRules:
+    """The shipped progress thresholds with `overrides`."""
+    return with_options(ProgressRules, overrides)
+
 
 CHILD = Path(__file__).parent / "children" / "progress_job.py"
 FLOOR_S = 3.0
@@ -56,13 +63,14 @@ def view(
 
 def test_deadline_is_the_larger_of_twice_the_median_and_the_floor() -> None:
     th = Thresholds(hang_floor_s=5.0, hang_startup_s=50.0)
-    assert th.deadline([view(0, interval=1.0), view(1, interval=4.0), view(2, interval=4.0)]) == 8.0
-    assert th.deadline([view(0, interval=0.1)]) == 5.0
-    assert th.deadline([view(0, interval=None)]) == 50.0  # no step time yet: start-up
+    views = [view(0, interval=1.0), view(1, interval=4.0), view(2, interval=4.0)]
+    assert deadline_of(views, th) == 8.0
+    assert deadline_of([view(0, interval=0.1)], th) == 5.0
+    assert deadline_of([view(0, interval=None)], th) == 50.0  # no step time yet: start-up
 
 
 def test_options_keep_only_known_thresholds() -> None:
-    th = Thresholds.from_options({"hang_floor_s": "7", "straggler_window": 5.0, "every": 50})
+    th = ProgressRules.from_options({"hang_floor_s": "7", "straggler_window": 5.0, "every": 50})
     assert th.hang_floor_s == 7.0 and th.straggler_window == 5 and th.straggler_ratio == 1.10
 
 
