@@ -44,6 +44,7 @@ class ParsedLine(Protocol):
     host: str | None
     rank: int | None
     pid: int | None
+    attrs: dict[str, Any]  # `rank_from_message`: the rank was read from the message itself
 
 
 @dataclass(slots=True)
@@ -127,7 +128,9 @@ class LogSeries:
             parsed = parsed_at(index)
             ts = parsed.ts_ns if parsed.ts_ns is not None else arrival_ns
             self._saw(ts)
-            rank = parsed.rank if parsed.rank is not None else numbers.rank
+            # the line's prefix says whose it is; a rank inside the message (DeepSpeed's
+            # `[Rank 0]`) does not split one process's lines into two series
+            rank = None if parsed.attrs.get("rank_from_message") else parsed.rank
             series = self._series(parsed.host, rank)
             if series is None:
                 continue
