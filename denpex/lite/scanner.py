@@ -154,8 +154,8 @@ class Scanner:
     def close_all(self) -> None:
         for name in list(self.streams):
             self.close(name)
-        ends = [state.last_ts_ns for state in self.streams.values() if state.last_ts_ns]
-        for item in self.series.finish(max(ends, default=None)):
+        ends = {name: state.last_ts_ns for name, state in self.streams.items()}
+        for item in self.series.finish(ends):
             self._add_detected(item)
 
     def add_parsed(self, state: StreamState, parsed: ParsedLine) -> None:

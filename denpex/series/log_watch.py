@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Protocol
@@ -32,8 +32,15 @@ from denpex.series.thresholds import (
 )
 from denpex.series.throughput import ThroughputDrop, slower_than_peers
 
-MAX_SERIES = 4096  # (host, rank) pairs followed; more are not (a log of that many is rare)
+MAX_SERIES = 4096  # series followed; more are not (a log of that many is rare)
+# the wrapper's two pipes carry one job; any other stream (a file of `denpex scan`) is its own
+JOB_STREAMS = ("stdout", "stderr")
 MIN_TIMED_OBSERVATIONS = 3  # a series needs this many timed lines before its gaps mean anything
+
+
+def _job(stream: str) -> str:
+    """The wrapper's two pipes carry one job; any other stream (a file) is its own."""
+    return "job" if stream in JOB_STREAMS else stream
 
 
 class ParsedLine(Protocol):
@@ -61,6 +68,7 @@ class _Where:
 
 @dataclass(slots=True)
 class _Series:
+    job: str  # the stream (group) it was read from: series of different logs never mix
     host: str | None
     rank: int | None
     spikes: LossSpikeDetector
@@ -96,8 +104,8 @@ class LogSeries:
         self.loss_scale = loss_scale or default(LossScaleRules)
         self.throughput = throughput or default(ThroughputRules)
         self.progress = progress or default(ProgressRules)
-        self.series: dict[tuple[str | None, int | None], _Series] = {}
-        self.latest_ns: int | None = None
+        self.series: dict[tuple[str, str | None, int | None], _Series] = {}
+        self.latest_ns: dict[str, int] = {}  # per job: the latest time any of its lines had
         self.parsed_lines = 0
         self._finished = False
 
@@ -113,8 +121,8 @@ class LogSeries:
     ) -> list[tuple[int, Evidence]]:
         """Read the numbers of a batch of lines (`joined` is them joined, tested first);
         returns (line index, evidence) for what the detectors found."""
-        if arrival_ns is not None:
-            self._saw(arrival_ns)
+        job = _job(stream)
+        self._saw(job, arrival_ns)
         if not wants(joined):
             return []
         found: list[tuple[int, Evidence]] = []
@@ -127,11 +135,11 @@ class LogSeries:
             self.parsed_lines += 1
             parsed = parsed_at(index)
             ts = parsed.ts_ns if parsed.ts_ns is not None else arrival_ns
-            self._saw(ts)
+            self._saw(job, ts)
             # the line's prefix says whose it is; a rank inside the message (DeepSpeed's
             # `[Rank 0]`) does not split one process's lines into two series
             rank = None if parsed.attrs.get("rank_from_message") else parsed.rank
-            series = self._series(parsed.host, rank)
+            series = self._series(job, parsed.host, rank)
             if series is None:
                 continue
             where = _Where(
@@ -146,21 +154,22 @@ class LogSeries:
                 found.append((index, self._evidence(series, finding, where)))
         return found
 
-    def _saw(self, ts: int | None) -> None:
-        if ts is not None and (self.latest_ns is None or ts > self.latest_ns):
-            self.latest_ns = ts
+    def _saw(self, job: str, ts: int | None) -> None:
+        if ts is not None and ts > self.latest_ns.get(job, ts - 1):
+            self.latest_ns[job] = ts
 
-    def _series(self, host: str | None, rank: int | None) -> _Series | None:
-        key = (host, rank)
+    def _series(self, job: str, host: str | None, rank: int | None) -> _Series | None:
+        key = (job, host, rank)
         series = self.series.get(key)
         if series is None:
             if len(self.series) >= MAX_SERIES:
                 return None
-            series = self.series[key] = self._fresh(host, rank)
+            series = self.series[key] = self._fresh(job, host, rank)
         return series
 
-    def _fresh(self, host: str | None, rank: int | None) -> _Series:
+    def _fresh(self, job: str, host: str | None, rank: int | None) -> _Series:
         return _Series(
+            job,
             host,
             rank,
             LossSpikeDetector(self.loss),
@@ -171,8 +180,8 @@ class LogSeries:
     def _judge(self, series: _Series, n: StepNumbers, where: _Where) -> list[Finding]:
         if n.step is not None and series.last_step is not None and n.step < series.last_step:
             # the steps went back: the job restarted from a checkpoint; a new series
-            fresh = self._fresh(series.host, series.rank)
-            self.series[(series.host, series.rank)] = fresh
+            fresh = self._fresh(series.job, series.host, series.rank)
+            self.series[(series.job, series.host, series.rank)] = fresh
             series = fresh
         series.observations += 1
         step = n.step if n.step is not None else series.observations
@@ -215,26 +224,31 @@ class LogSeries:
         return series.drop.observe(step, value)
 
     # -- at the end ------------------------------------------------------------------------
-    def finish(self, end_ns: int | None = None) -> list[Evidence]:
+    def finish(self, ends: Mapping[str, int | None] | None = None) -> list[Evidence]:
         """What only the whole log shows: a NaN that never recovered, steps that stopped
-        before the log ended, ranks slower than their peers. Once; later calls return []."""
+        before the log ended, ranks slower than their peers. `ends`: per stream, the time of
+        its last line. Once; later calls return []."""
         if self._finished:
             return []
         self._finished = True
-        self._saw(end_ns)
+        for stream, ts in (ends or {}).items():
+            self._saw(_job(stream), ts)
         found: list[Evidence] = []
         for series in self.series.values():
             episode = series.nan.finish()
             if episode is not None and series.last is not None:
                 found.append(self._evidence(series, nan_finding(episode), series.last))
-        found.extend(self._stalls())
-        found.extend(self._stragglers())
+        for job in sorted({s.job for s in self.series.values()}):
+            of_job = [s for s in self.series.values() if s.job == job]
+            found.extend(self._stalls(of_job))
+            found.extend(self._stragglers(of_job))
         return found
 
-    def _stalls(self) -> list[Evidence]:
-        if self.latest_ns is None:
+    def _stalls(self, series_of_job: list[_Series]) -> list[Evidence]:
+        latest = self.latest_ns.get(series_of_job[0].job) if series_of_job else None
+        if latest is None:
             return []
-        timed = [s for s in self.series.values() if len(s.times) >= MIN_TIMED_OBSERVATIONS]
+        timed = [s for s in series_of_job if len(s.times) >= MIN_TIMED_OBSERVATIONS]
         gaps: dict[int, float] = {}
         for index, series in enumerate(timed):
             intervals = [(b - a) / 1e9 for a, b in itertools.pairwise(series.times)]
@@ -242,7 +256,7 @@ class LogSeries:
                 self.progress.log_hang_floor_s,
                 self.progress.hang_ratio * median(intervals) if intervals else 0.0,
             )
-            gap = (self.latest_ns - series.times[-1]) / 1e9
+            gap = (latest - series.times[-1]) / 1e9
             if gap > deadline:
                 gaps[index] = gap
         if not gaps:
@@ -275,9 +289,9 @@ class LogSeries:
             values["why"] = "while other ranks went on"
         return Finding("train.hang.progress_stopped", captures=captures, values=values)
 
-    def _stragglers(self) -> list[Evidence]:
+    def _stragglers(self, series_of_job: list[_Series]) -> list[Evidence]:
         window = max(1, self.progress.straggler_window)
-        ranked = [s for s in self.series.values() if s.rank is not None and s.costs]
+        ranked = [s for s in series_of_job if s.rank is not None and s.costs]
         measures = {s.measure for s in ranked}
         if len(ranked) < 2 or len(measures) != 1:
             return []

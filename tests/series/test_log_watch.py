@@ -199,3 +199,12 @@ def test_denpex_scan_reports_the_nan_of_a_log(tmp_path):
     assert len(rows) == 1 and rows[0]["rank"] == 3  # one episode, one row
     assert rows[0]["signature"] == "train.nan_loss.value" and "iter 80:" in rows[0]["line"]
     assert report["root_cause"]["category"] == "train.nan_loss", report["summary"]
+
+
+def test_the_series_of_two_logs_never_mix():
+    scanner = Scanner(CATALOG)
+    for name, level in (("a.log", 0.7), ("b.log", 6.9)):  # two jobs: two loss levels
+        scanner.feed(name, "".join(f"step={s} loss={level:.3f}\n" for s in range(1, 300)).encode())
+    scanner.close_all()
+    assert series_evidence(scanner) == []
+    assert {key[0] for key in scanner.series.series} == {"a.log", "b.log"}
