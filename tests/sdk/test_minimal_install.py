@@ -36,6 +36,8 @@ def free_port() -> int:
 
 
 def run(cmd: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    # never from this checkout's root, where its `denpex/` folder would shadow the install
+    kwargs.setdefault("cwd", Path(cmd[0]).parents[2] if "venv" in cmd[0] else None)
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
     assert done.returncode == 0, f"{' '.join(cmd)}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done

@@ -435,3 +435,29 @@ def test_store_host_stopped_is_named_from_a_rank_that_cannot_reach_it() -> None:
     found = [e for e in got if isinstance(e, Evidence)]
     assert found and found[0].signature == "train.hang.store_unreachable", got
     assert found[0].event.rank == 0 and found[0].captures["reporter_rank"] == "1"
+
+
+def test_the_lowest_rank_reports_a_job_that_slows_down_against_its_own_pace() -> None:
+    got: list = []
+    monitor = ProgressMonitor(
+        rank=0,
+        world_size=1,
+        emit=got.append,
+        options={
+            "watchdog_interval_s": 0.02,
+            "straggler_window": 4,  # the step time is the median of the last 4 steps
+            "throughput_warmup": 1,
+            "throughput_baseline": 4,
+            "throughput_recent": 3,
+            "hang_floor_s": 60,
+        },
+    )
+    for step in range(1, 121):
+        time.sleep(0.005 if step <= 60 else 0.03)  # steps become 6 times slower
+        monitor.on_step(step, None, None)
+    monitor.close()
+    drops = [e for e in got if isinstance(e, Evidence) and e.category == "train.straggler"]
+    assert len(drops) == 1, got
+    assert drops[0].signature == "train.straggler.throughput_drop"
+    assert drops[0].summary.startswith("the job slowed down") and drops[0].event.rank == 0
+    assert int(drops[0].captures["step"]) > 60
