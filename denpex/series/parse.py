@@ -24,31 +24,35 @@ PARSE_LIMIT = 4096
 # a line is only parsed when it holds one of these (callers test a whole batch first)
 LITERALS = (b"loss", b"Loss", b"step=", b"per_second", b"SamplesPerSec")
 
-_NUM = r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,3})?|(?i:[-+]?(?:nan|inf(?:inity)?))"
+# case variants spelled out: a scoped (?i:…) disables the engine's first-character check and
+# makes every pattern holding it several times slower
+_NUM = (
+    r"[-+]?(?:\d{1,20}(?:\.\d{0,20})?|\.\d{1,20})(?:[eE][-+]?\d{1,3})?"
+    r"|[-+]?(?:nan|NaN|NAN|inf|Inf|INF|infinity|Infinity|INFINITY)"
+)
 _UNIT = r"(?P<unit>ms|us|µs|s)?"
-# a loss of another split is not the training loss: `val loss: 2.3`, `eval loss 2.1`
-_NOT_OTHER_SPLIT = "".join(
-    f"(?<!{word} )" for word in ("val", "eval", "valid", "test", "best", "dev", "validation")
-)
-# `key=value` / `key: value` / `'key': 'value'` / `"key": value` with a key without spaces
+# a loss of another split is not the training loss: `val loss: 2.3`, `eval loss 2.1` (the word
+# before a key is checked in Python: eight lookbehinds at every position cost more than the rest)
+_OTHER_SPLIT = re.compile(r"(?:^|[^\w])(?:val|eval|valid|test|best|dev|validation)[ \t]$", re.I)
+# `key=value` / `key: value` / `'key': 'value'` / `"key": value` with a key without spaces (the
+# key's repeat is possessive: a word that is not followed by a separator fails at once)
 _KV = re.compile(
-    rf"(?<![\w.\-]){_NOT_OTHER_SPLIT}(?P<q>['\"]?)(?P<key>[A-Za-z_][\w/.\-]{{0,63}})(?P=q)[ \t]{{0,4}}[:=][ \t]{{0,16}}"
-    rf"['\"]?\[?(?P<val>{_NUM}){_UNIT}(?![\w.])",
-    re.IGNORECASE,
+    r"(?<![\w.\-])(?P<q>['\"]?)(?P<key>[A-Za-z_][\w/.\-]{0,63}+)(?P=q)[ \t]{0,4}+[:=][ \t]{0,16}+"
+    rf"['\"]?\[?(?P<val>{_NUM}){_UNIT}(?![\w.])"
 )
-# one `|`-separated segment: Megatron `lm loss: 2.3E+00`, fairseq `loss 9.123`
-_SEGMENT = re.compile(
-    rf"^[ \t]*(?P<key>[A-Za-z][\w /.()\-]{{0,63}}?)(?:[ \t]*:[ \t]*|[ \t]+)(?P<val>{_NUM}){_UNIT}[ \t]*$"
-)
+# the value ending one `|`-separated segment (Megatron `lm loss: 2.3E+00`, fairseq `loss 9.1`)
+_VALUE = re.compile(rf"(?P<val>{_NUM}){_UNIT}")
+_SEGMENT_KEY = re.compile(r"[A-Za-z][\w /.()\-]{0,63}")
 # a few keys people print without a separator: nanoGPT `iter 100: loss 4.2341, time 12.3ms`
 _PLAIN = re.compile(
-    rf"(?<![\w/.\-]){_NOT_OTHER_SPLIT}(?P<key>loss|iter|step|epoch|lr|time)[ \t]{{1,8}}(?P<val>{_NUM}){_UNIT}(?![\w.])",
-    re.IGNORECASE,
+    rf"\b(?P<key>[Ll]oss|LOSS|[Ii]ter|[Ss]tep|[Ee]poch|lr|LR|[Tt]ime)[ \t]{{1,8}}+"
+    rf"(?P<val>{_NUM}){_UNIT}(?![\w.])"
 )
 _MEGATRON_ITER = re.compile(
     r"\biteration[ \t]{1,16}(\d{1,12})[ \t]{0,8}/[ \t]{0,12}(\d{1,12})[ \t]{0,4}\|"
 )
 _FAIRSEQ_EPOCH = re.compile(r"\bepoch (\d{1,6}):[ \t]{1,12}(\d{1,12}) / (\d{1,12})\b")
+_FAIRSEQ_PRINT = re.compile(r"(?:^|\| )epoch \d{1,6} \|")
 _CLU_STEP = re.compile(
     r"(?:^|\] )\[(\d{1,12})\](?: collection=[\w/.\-]{1,64})? [A-Za-z_][\w/.\-]{0,63}="
 )
@@ -137,16 +141,30 @@ def parse_numbers(line: bytes) -> StepNumbers | None:
     pairs: dict[str, tuple[float, str | None]] = {}
     if text.count("|") >= 2:
         for segment in text.split("|"):
-            found = _SEGMENT.match(segment)
-            if found:
+            _segment(pairs, segment)
+    if "=" in text or ":" in text:
+        for found in _KV.finditer(text):
+            if not _OTHER_SPLIT.search(text, max(0, found.start() - 12), found.start()):
                 _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
-    for found in _KV.finditer(text):
-        _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
     for found in _PLAIN.finditer(text):
-        _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
+        if text[found.start() - 1 : found.start()] not in ("/", ".", "-", "_") and not (
+            _OTHER_SPLIT.search(text, max(0, found.start() - 12), found.start())
+        ):
+            _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
     if any(key in pairs for key in _SUMMARY_KEYS):
         return None
     return _numbers(text, pairs)
+
+
+def _segment(pairs: dict[str, tuple[float, str | None]], segment: str) -> None:
+    """`key: value` or `key value` filling one segment, the value last."""
+    head, _, tail = segment.strip().rpartition(" ")
+    key = head.rstrip(" \t:")
+    if not key or not _SEGMENT_KEY.fullmatch(key):
+        return
+    found = _VALUE.fullmatch(tail)
+    if found:
+        _put(pairs, key, found.group("val"), found.group("unit"))
 
 
 def _put(
@@ -178,12 +196,12 @@ def _count(value: float | None) -> int | None:
 def _numbers(text: str, pairs: dict[str, tuple[float, str | None]]) -> StepNumbers | None:
     fmt = _format(text)
     step = total = None
-    megatron = _MEGATRON_ITER.search(text)
+    megatron = _MEGATRON_ITER.search(text) if "iteration" in text else None
     if megatron:
         step, total = int(megatron.group(1)), int(megatron.group(2))
     if step is None:
         step = _count(_first(pairs, STEP_KEYS))
-    if step is None:
+    if step is None and "[" in text:
         clu = _CLU_STEP.search(text)
         step = int(clu.group(1)) if clu else None
     epoch = _first(pairs, ("epoch",))
@@ -219,10 +237,10 @@ def _step_time(text: str, pairs: dict[str, tuple[float, str | None]]) -> float |
     if "time" in pairs and pairs["time"][1]:  # `time 123.45ms`: only with its unit
         value, unit = pairs["time"]
         return value * _UNIT_SECONDS[unit or "s"]
-    per_step = _PER_STEP.search(text)  # Keras `12ms/step`
+    per_step = _PER_STEP.search(text) if "/step" in text else None  # Keras `12ms/step`
     if per_step:
         return float(per_step.group(1)) * _UNIT_SECONDS[per_step.group(2)]
-    rate = _RATE.search(text)
+    rate = _RATE.search(text) if "s/it" in text else None
     if rate and rate.group("rate") == "s/it":  # tqdm's slow form: seconds per iteration
         try:
             return float(rate.group("val"))
@@ -238,7 +256,7 @@ def _throughput(
     for key, unit in THROUGHPUT_KEYS.items():
         if key in pairs:
             return pairs[key][0], unit
-    rate = _RATE.search(text)
+    rate = _RATE.search(text) if "it/s" in text else None
     if rate and rate.group("rate") == "it/s":
         try:
             return float(rate.group("val")), "it/s"
@@ -248,13 +266,13 @@ def _throughput(
 
 
 def _rank(text: str) -> int | None:
-    found = _DS_RANK.search(text)
+    found = _DS_RANK.search(text) if "[Rank " in text else None
     return int(found.group(1)) if found else None
 
 
 def _format(text: str) -> str:
     """Which framework wrote the line (as far as its shape tells)."""
-    if _MEGATRON_ITER.search(text):
+    if "iteration" in text and _MEGATRON_ITER.search(text):
         return "megatron"
     if "SamplesPerSec=" in text:
         return "deepspeed_timer"
@@ -265,12 +283,12 @@ def _format(text: str) -> str:
         return "hf"
     if '{"' in text:
         return "json"
-    if _FAIRSEQ_EPOCH.search(text) or re.search(r"(?:^|\| )epoch \d{1,6} \|", stripped):
+    if "epoch " in text and (_FAIRSEQ_EPOCH.search(text) or _FAIRSEQ_PRINT.search(stripped)):
         return "fairseq"
-    if _CLU_STEP.search(text):
+    if "[" in text and _CLU_STEP.search(text):
         return "clu"
-    if "v_num=" in text or _RATE.search(text):
+    if "v_num=" in text or "it/s" in text or "s/it" in text:
         return "lightning"
-    if _PER_STEP.search(text) or " - loss: " in text or _BAR_PROGRESS.search(text):
+    if "/step" in text or " - loss: " in text or ("/" in text and _BAR_PROGRESS.search(text)):
         return "keras"
     return "plain"

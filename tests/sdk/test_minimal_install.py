@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# building denpex and installing torch take minutes: past pytest-timeout's default
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).parent / "children" / "minimal_sdk_job.py"
 # build outputs and folders of this checkout that a source build must not see
@@ -59,7 +62,6 @@ def minimal_venv(tmp_path_factory) -> Path:
     return python
 
 
-@pytest.mark.slow
 def test_the_venv_has_torch_and_neither_numpy_nor_xxhash(minimal_venv):
     code = (
         "import importlib.util as u; print([u.find_spec(m) is None for m in ('numpy', 'xxhash')])"
@@ -68,7 +70,6 @@ def test_the_venv_has_torch_and_neither_numpy_nor_xxhash(minimal_venv):
     run([str(minimal_venv), "-c", "import torch, denpex.sdk"], 120)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure-python"])
 def test_every_sdk_feature_runs_on_torch_alone(minimal_venv, tmp_path, pure):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DENPEX_SDK_SOCKET")}
