@@ -175,7 +175,23 @@ def test_a_long_healthy_log_in_every_format_is_silent():
         lines.append(f"iter {step}: loss {loss:.4f}, time {120 + rng.uniform(-5, 5):.2f}ms")
     found = scan("\n".join(lines) + "\n")
     assert series_evidence(found) == []
-    assert found.series.parsed_lines == 5 * 599
+    # past 2000 lines with numbers a deterministic sample is read (series.log_watch)
+    assert 2000 < found.series.parsed_lines < 5 * 599
+
+
+def test_a_long_log_is_sampled_yet_a_nan_and_a_divergence_are_found():
+    rng = random.Random(8)
+    print("seed", 8)
+    lines = []
+    for step in range(1, 30001):
+        loss = healthy_loss(step, rng) if step < 20000 else 40.0 + step / 1000
+        lines.append(f"[rank{step % 4}]: step={step}, loss={loss:.4f}")
+    lines[25000] = "[rank0]: step=25001, loss nan"  # a form no signature reads
+    found = scan("\n".join(lines) + "\n")
+    assert found.series.parsed_lines < 30000 // 4  # a sample ...
+    kinds = {(e.signature, e.event.rank) for e in series_evidence(found) if e.is_failure}
+    assert ("train.nan_loss.value", 0) in kinds  # ... that never skips a non-finite loss
+    assert {r for s, r in kinds if s == "train.loss_spike.divergence"} == {0, 1, 2, 3}
 
 
 def test_denpex_scan_reports_the_nan_of_a_log(tmp_path):
