@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,13 +22,8 @@ from denpex.core.events import Event, Evidence
 from denpex.series.findings import Finding, fmt
 from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
 from denpex.series.loss_scale import LossScaleTracker
-from denpex.series.parse import (
-    PARSE_LIMIT,
-    StepNumbers,
-    candidate_lines,
-    parse_candidate,
-    wants,
-)
+from denpex.series.parse import PARSE_LIMIT, StepNumbers, parse_candidate, wants
+from denpex.series.sampling import LineSampler, Tail
 from denpex.series.thresholds import (
     LossRules,
     LossScaleRules,
@@ -43,14 +37,6 @@ MAX_SERIES = 4096  # series followed; more are not (a log of that many is rare)
 # the wrapper's two pipes carry one job; any other stream (a file of `denpex scan`) is its own
 JOB_STREAMS = ("stdout", "stderr")
 MIN_TIMED_OBSERVATIONS = 3  # a series needs this many timed lines before its gaps mean anything
-# Reading numbers costs tens of µs a line: past FULL_PARSE_LINES lines with numbers in one log,
-# 1 in `stride` of them is read (stride doubling with the count, at most MAX_STRIDE), chosen by
-# a hash of the line so that interleaved ranks are sampled alike and the same log always gives
-# the same evidence; a line that holds nan or inf is always read. The rules work on the sample
-# (medians, sustained spikes, halvings from scale ratios, cumulative skipped counts).
-FULL_PARSE_LINES = 2000
-MAX_STRIDE = 64
-_NONFINITE = (b"nan", b"NaN", b"NAN", b"inf", b"Inf", b"INF")
 
 
 def _joined_len(lines: Sequence[bytes]) -> int:
@@ -83,6 +69,18 @@ class _Where:
     ts_ns: int | None
     pid: int | None
     fmt: str
+
+
+@dataclass(slots=True)
+class _Batch:
+    """A batch as observe was handed it, kept for the end of its log (sampling.Tail)."""
+
+    lines: Sequence[bytes]
+    parsed_at: Callable[[int], ParsedLine]
+    first_seq: int
+    arrival_ns: int | None
+    stream: str
+    read: set[int]
 
 
 @dataclass(slots=True)
@@ -125,8 +123,9 @@ class LogSeries:
         self.progress = progress or default(ProgressRules)
         self.series: dict[tuple[str, str | None, int | None], _Series] = {}
         self.latest_ns: dict[str, int] = {}  # per job: the latest time any of its lines had
-        self.parsed_lines = 0
-        self._candidates: dict[str, int] = {}  # per job: lines with a literal seen
+        self.parsed_lines = 0  # lines the detectors judged (the sample)
+        self.sampler = LineSampler()  # which lines of each log are read
+        self.tail: Tail[_Batch] = Tail()  # ... and the end of each, read whole once it ended
         self._finished = False
 
     # -- per batch -------------------------------------------------------------------------
@@ -148,53 +147,79 @@ class LogSeries:
         found: list[tuple[int, Evidence]] = []
         if len(joined) != _joined_len(lines):  # the scanner blanked SDK lines since joining
             joined = b"\n".join(lines)
-        for index in candidate_lines(joined, lines):
-            head = lines[index][:PARSE_LIMIT]
-            if not wants(head) or not self._sampled(job, head):
-                continue
-            numbers = parse_candidate(head)
-            if numbers is None:
-                continue
-            self.parsed_lines += 1
-            parsed = parsed_at(index)
-            ts = parsed.ts_ns if parsed.ts_ns is not None else arrival_ns
-            self._saw(job, ts)
-            # the line's prefix says whose it is; a rank inside the message (DeepSpeed's
-            # `[Rank 0]`) does not split one process's lines into two series
-            rank = None if parsed.attrs.get("rank_from_message") else parsed.rank
-            series = self._series(job, parsed.host, rank)
-            if series is None:
-                continue
-            where = _Where(
-                lines[index].decode("utf-8", "replace"),
-                first_seq + index,
-                stream,
-                ts,
-                parsed.pid,
-                numbers.format,
-            )
-            for finding in self._judge(series, numbers, where):
-                found.append((index, self._evidence(series, finding, where)))
+        # reading numbers costs tens of µs a line: a long log's are sampled (sampling.py)
+        read = self.sampler.lines_to_read(job, joined)
+        batch = _Batch(lines, parsed_at, first_seq, arrival_ns, stream, set(read))
+        self.tail.keep(job, len(joined), batch)
+        for index in read:
+            line = self._read(job, batch, index, create=True)
+            if line is not None:
+                self.parsed_lines += 1
+                series, numbers, where = line
+                for finding in self._judge(series, numbers, where):
+                    found.append((index, self._evidence(series, finding, where)))
         return found
 
-    def _sampled(self, job: str, head: bytes) -> bool:
-        count = self._candidates[job] = self._candidates.get(job, 0) + 1
-        stride = min(MAX_STRIDE, 1 << (count // FULL_PARSE_LINES).bit_length())
-        if stride == 1 or any(token in head for token in _NONFINITE):
-            return True
-        return zlib.crc32(head) % stride == 0
+    def _read(
+        self, job: str, batch: _Batch, index: int, *, create: bool
+    ) -> tuple[_Series, StepNumbers, _Where] | None:
+        """The numbers of one line with the series they belong to, or None."""
+        head = batch.lines[index][:PARSE_LIMIT]
+        if not wants(head):
+            return None
+        numbers = parse_candidate(head)
+        if numbers is None:
+            return None
+        parsed = batch.parsed_at(index)
+        ts = parsed.ts_ns if parsed.ts_ns is not None else batch.arrival_ns
+        self._saw(job, ts)
+        # the line's prefix says whose it is; a rank inside the message (DeepSpeed's
+        # `[Rank 0]`) does not split one process's lines into two series
+        rank = None if parsed.attrs.get("rank_from_message") else parsed.rank
+        key = (job, parsed.host, rank)
+        series = self._series(*key) if create else self.series.get(key)
+        if series is None:
+            return None
+        where = _Where(
+            batch.lines[index].decode("utf-8", "replace"),
+            batch.first_seq + index,
+            batch.stream,
+            ts,
+            parsed.pid,
+            numbers.format,
+        )
+        return series, numbers, where
+
+    def _catch_up(self, job: str) -> None:
+        """The lines the sample left unread at the end of a log: where each series stopped
+        (its last step, time and line) becomes exact; the detectors judged the sample."""
+        for skip, batch in self.tail.batches(job):
+            at = 0
+            for index, line in enumerate(batch.lines):
+                at += len(line) + 1
+                if at <= skip or index in batch.read or not wants(line[:PARSE_LIMIT]):
+                    continue
+                read = self._read(job, batch, index, create=False)
+                if read is None:
+                    continue
+                series, numbers, where = read
+                if series.last is not None and where.seq < series.last.seq:
+                    continue
+                if numbers.step is not None and numbers.step >= (series.last_step or 0):
+                    series.last_step = numbers.step
+                series.total_steps = numbers.total_steps or series.total_steps
+                series.last = where
+                if where.ts_ns is not None:
+                    series.times.append(where.ts_ns)
 
     def _saw(self, job: str, ts: int | None) -> None:
         if ts is not None and ts > self.latest_ns.get(job, ts - 1):
             self.latest_ns[job] = ts
 
     def _series(self, job: str, host: str | None, rank: int | None) -> _Series | None:
-        key = (job, host, rank)
-        series = self.series.get(key)
-        if series is None:
-            if len(self.series) >= MAX_SERIES:
-                return None
-            series = self.series[key] = self._fresh(job, host, rank)
+        series = self.series.get((job, host, rank))
+        if series is None and len(self.series) < MAX_SERIES:
+            series = self.series[(job, host, rank)] = self._fresh(job, host, rank)
         return series
 
     def _fresh(self, job: str, host: str | None, rank: int | None) -> _Series:
@@ -263,6 +288,8 @@ class LogSeries:
         self._finished = True
         for stream, ts in (ends or {}).items():
             self._saw(_job(stream), ts)
+        for job in sorted({s.job for s in self.series.values()}):
+            self._catch_up(job)
         found: list[Evidence] = []
         for series in self.series.values():
             episode = series.nan.finish()

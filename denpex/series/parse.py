@@ -11,16 +11,14 @@ Formats, as their frameworks write them: Hugging Face Trainer dicts (`{'loss': 2
 CLU/t5x metric writers (`[1000] timing/steps_per_second=3.4, train/loss=2.3`), Keras
 progress (`100/1000 [==>…] - ETA: 1:23 - loss: 0.2345`, `12ms/step`) and plain `loss=`,
 `loss:` and `loss 4.2` key-values. Pure: bytes in, numbers out; it never raises on any input
-and reads at most the first PARSE_LIMIT bytes of a line.
+and reads at most the first PARSE_LIMIT bytes of a line (of a progress bar redrawn with
+carriage returns, the last state in them).
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import math
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 PARSE_LIMIT = 4096
@@ -37,6 +35,7 @@ _UNIT = r"(?P<unit>ms|us|µs|s)?"
 # a loss of another split is not the training loss: `val loss: 2.3`, `eval loss 2.1` (the word
 # before a key is checked in Python: eight lookbehinds at every position cost more than the rest)
 _OTHER_SPLIT = re.compile(r"(?:^|[^\w])(?:val|eval|valid|test|best|dev|validation)[ \t]$", re.I)
+_SPLIT_WORDS = ("val", "test", "best", "dev")  # each word of _OTHER_SPLIT holds one of these
 # `key=value` / `key: value` / `'key': 'value'` / `"key": value` with a key without spaces (the
 # key's repeat is possessive: a word that is not followed by a separator fails at once)
 _KV = re.compile(
@@ -136,20 +135,6 @@ def wants(data: bytes) -> bool:
     return any(literal in data for literal in LITERALS)
 
 
-def candidate_lines(joined: bytes, lines: Sequence[bytes]) -> list[int]:
-    """Indexes of the lines (`joined` is them joined by newlines) that hold a literal, found
-    with one bytes.find per occurrence instead of a test per line."""
-    starts = list(itertools.accumulate((len(line) + 1 for line in lines), initial=0))
-    found: set[int] = set()
-    for literal in LITERALS:
-        at = joined.find(literal)
-        while at >= 0:
-            index = bisect.bisect_right(starts, at) - 1
-            found.add(index)
-            at = joined.find(literal, starts[index + 1])
-    return sorted(found)
-
-
 def parse_numbers(line: bytes) -> StepNumbers | None:
     """The training numbers of one line, or None when it states none."""
     if not wants(line[:PARSE_LIMIT]):
@@ -158,24 +143,34 @@ def parse_numbers(line: bytes) -> StepNumbers | None:
 
 
 def parse_candidate(line: bytes) -> StepNumbers | None:
-    """parse_numbers for a line already known to hold a literal (candidate_lines)."""
-    text = line[:PARSE_LIMIT].decode("utf-8", "replace")
+    """parse_numbers for a line already known to hold a literal (denpex.series.sampling)."""
+    head = line[:PARSE_LIMIT]
+    if b"\r" in head:  # a progress bar redrawn in place: its last state is what it says now
+        head = head.rstrip(b"\r").rpartition(b"\r")[2]
+    text = head.decode("utf-8", "replace")
     pairs: dict[str, tuple[float, str | None]] = {}
     if text.count("|") >= 2:
         for segment in text.split("|"):
             _segment(pairs, segment)
+    lowered = text.lower()
+    other_splits = any(word in lowered for word in _SPLIT_WORDS)
     if "=" in text or ":" in text:
         for found in _KV.finditer(text):
-            if not _OTHER_SPLIT.search(text, max(0, found.start() - 12), found.start()):
+            if not (other_splits and _other_split(text, found.start())):
                 _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
     for found in _PLAIN.finditer(text):
         if text[found.start() - 1 : found.start()] not in ("/", ".", "-", "_") and not (
-            _OTHER_SPLIT.search(text, max(0, found.start() - 12), found.start())
+            other_splits and _other_split(text, found.start())
         ):
             _put(pairs, found.group("key"), found.group("val"), found.group("unit"))
     if any(key in pairs for key in _SUMMARY_KEYS):
         return None
     return _numbers(text, pairs)
+
+
+def _other_split(text: str, key_at: int) -> bool:
+    """Whether the key at `key_at` is another split's (`val loss`)."""
+    return _OTHER_SPLIT.search(text, max(0, key_at - 12), key_at) is not None
 
 
 def _segment(pairs: dict[str, tuple[float, str | None]], segment: str) -> None:

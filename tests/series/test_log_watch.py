@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 from denpex.catalog import load_catalog
 from denpex.lite.scanner import Scanner
+from denpex.series.sampling import FULL_PARSE_LINES
 
 START = datetime(2026, 11, 30, 4, 0, 0, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -175,8 +176,8 @@ def test_a_long_healthy_log_in_every_format_is_silent():
         lines.append(f"iter {step}: loss {loss:.4f}, time {120 + rng.uniform(-5, 5):.2f}ms")
     found = scan("\n".join(lines) + "\n")
     assert series_evidence(found) == []
-    # past 2000 lines with numbers a deterministic sample is read (series.log_watch)
-    assert 2000 < found.series.parsed_lines < 5 * 599
+    # past FULL_PARSE_LINES lines with numbers a deterministic sample is read (series.sampling)
+    assert FULL_PARSE_LINES < found.series.parsed_lines < 5 * 599
 
 
 def test_a_long_log_is_sampled_yet_a_nan_and_a_divergence_are_found():
@@ -192,6 +193,22 @@ def test_a_long_log_is_sampled_yet_a_nan_and_a_divergence_are_found():
     kinds = {(e.signature, e.event.rank) for e in series_evidence(found) if e.is_failure}
     assert ("train.nan_loss.value", 0) in kinds  # ... that never skips a non-finite loss
     assert {r for s, r in kinds if s == "train.loss_spike.divergence"} == {0, 1, 2, 3}
+
+
+def test_a_long_slow_log_read_on_a_sample_ends_without_a_false_hang():
+    # one step a minute: a sampling gap spans hours, yet every rank printed until the end
+    rng = random.Random(9)
+    print("seed", 9)
+    lines = []
+    for step in range(1, 5001):
+        for rank in range(4):
+            t = step * 60.0 + rank * 0.5
+            loss = healthy_loss(step, rng)
+            lines.append(f"[rank{rank}]:{stamp(t)} step={step} loss={loss:.4f} step_time=59.9")
+    lines.append(f"[rank0]:{stamp(5001 * 60.0)} saving the last checkpoint")
+    found = scan("\n".join(lines) + "\n")
+    assert found.series.parsed_lines < len(lines) // 2  # a sample was judged ...
+    assert series_evidence(found, "train.hang") == []  # ... and the end read whole
 
 
 def test_denpex_scan_reports_the_nan_of_a_log(tmp_path):

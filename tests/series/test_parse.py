@@ -118,6 +118,15 @@ def test_the_parse_is_bounded_to_the_start_of_a_huge_line():
     assert got is not None and got.loss == 2.0 and got.grad_norm is None
 
 
+def test_a_bar_redrawn_with_carriage_returns_is_read_at_its_last_state():
+    bar = b"\r".join(
+        b"Epoch 0:  %d%%|##  | %d/100 [00:0%d<00:10, 9.5it/s, loss=%d.5, v_num=3]" % (k, k, k, k)
+        for k in range(1, 8)
+    )
+    got = parse_numbers(bar + b"\r")
+    assert got is not None and got.loss == 7.5 and got.throughput == 9.5
+
+
 printable_lines = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300).map(
     lambda text: text.encode("utf-8", "replace")
 )
