@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from denpex.series.sampling import FULL_PARSE_LINES, LineSampler, Tail
+
+# the sampler finds non-finite values with the native matcher: on it and on its twin
+pytestmark = pytest.mark.usefixtures("both_backends")
 
 
 def log_lines(count: int, seed: int) -> list[bytes]:
