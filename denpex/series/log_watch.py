@@ -180,15 +180,9 @@ class LogSeries:
         series = self._series(*key) if create else self.series.get(key)
         if series is None:
             return None
-        where = _Where(
-            batch.lines[index].decode("utf-8", "replace"),
-            batch.first_seq + index,
-            batch.stream,
-            ts,
-            parsed.pid,
-            numbers.format,
-        )
-        return series, numbers, where
+        body = batch.lines[index].decode("utf-8", "replace")
+        seq = batch.first_seq + index
+        return series, numbers, _Where(body, seq, batch.stream, ts, parsed.pid, numbers.format)
 
     def _catch_up(self, job: str) -> None:
         """The lines the sample left unread at the end of a log: where each series stopped
@@ -197,7 +191,7 @@ class LogSeries:
             at = 0
             for index, line in enumerate(batch.lines):
                 at += len(line) + 1
-                if at <= skip or index in batch.read or not wants(line[:PARSE_LIMIT]):
+                if at <= skip or index in batch.read:
                     continue
                 read = self._read(job, batch, index, create=False)
                 if read is None:
