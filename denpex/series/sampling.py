@@ -29,8 +29,8 @@ NONFINITE_PATTERN = r"""(?:[:=]|loss) ?['"]?[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:i
 # would read the same rank of a round-robin log forever). A series of several MB then yields
 # some thousands of points per log, spread over every rank: medians, sustained spikes,
 # halvings measured from scale ratios and cumulative skipped counts hold on them.
-FULL_PARSE_LINES = 1000
-DOUBLE_EVERY = 125
+FULL_PARSE_LINES = 500
+DOUBLE_EVERY = 100
 MIN_GAP_BYTES = 2048
 MAX_GAP_BYTES = 64 * 1024
 _SEED = 0x5EED  # the sample is a function of the log alone
