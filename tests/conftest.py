@@ -22,7 +22,12 @@ if _MISSING:
         "  pip install -e '.[test]'   (or: bash scripts/test-all.sh, which installs everything)"
     )
 
-from importlib import resources  # noqa: E402  (after the check above, on purpose)
+import os  # noqa: E402  (after the check above, on purpose)
+from importlib import resources  # noqa: E402
+
+# Retrieval under every verdict loads a 23 MB model in each `denpex run`/`scan` a test starts:
+# off for the suite (subprocesses inherit it); tests/retrieval turns it on where it is tested.
+os.environ.setdefault("DENPEX_RAG", "off")
 
 import jsonschema  # noqa: E402
 import orjson  # noqa: E402

@@ -18,6 +18,7 @@ LAYERS = [
     ["denpex.core"],
     ["denpex.catalog", "denpex.series"],
     ["denpex.diagnosis"],
+    ["denpex.retrieval"],
     [
         "denpex.host",
         "denpex.gpu",

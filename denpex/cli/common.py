@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from denpex.catalog import Catalog
     from denpex.catalog.schema import Signature
+    from denpex.control.client import ReportShipper
     from denpex.lite.session import ReportOptions
 
 
@@ -61,22 +62,24 @@ def report_options(args: argparse.Namespace, *, json_stdout: bool = False) -> Re
             folder = os.path.dirname(os.path.abspath(path))
             if not os.path.isdir(folder):
                 raise UsageError(f"cannot write {path}: folder {folder} does not exist")
+    from denpex.control.client import ReportShipper, similar_incidents_source
+
+    shipper = ReportShipper.from_env()  # one for the report and the retrieval block both
     return ReportOptions(
         report_path=args.report,
         html_path=args.html,
         json_stdout=json_stdout,
         text=not args.quiet,
         color=args.color,
-        sinks=server_sinks(),
+        sinks=server_sinks(shipper),
+        # past incidents for the retrieval block, from the same server
+        incidents=similar_incidents_source(shipper),
     )
 
 
-def server_sinks() -> list:
+def server_sinks(shipper: ReportShipper | None) -> list:
     """With DENPEX_SERVER_URL set: ship the diagnosis to the control plane (bounded; what
     cannot go now waits in the outbox for the next report)."""
-    from denpex.control.client import ReportShipper
-
-    shipper = ReportShipper.from_env()
     if shipper is None:
         return []
 

@@ -169,6 +169,55 @@ def create_app(rt: Runtime) -> FastAPI:
         )
         return _page(request, page)
 
+    @app.get("/api/v1/incidents/similar", tags=["incidents"], summary="similar past incidents")
+    def similar(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("incidents:read"))],
+        q: Annotated[str, Query(min_length=1, max_length=8000, description="failure lines")],
+        k: Annotated[int, Query(ge=1, le=20)] = 3,
+        exclude_report: Annotated[
+            str | None, Query(description="leave out incidents opened from this report")
+        ] = None,
+    ) -> Response:
+        from denpex.control.similar import similar_incidents
+
+        _need_retrieval()
+        hits = similar_incidents(rt.store.scoped(who), q, k, exclude_report=exclude_report)
+        items = [{**h.passage.to_dict(), "score": round(h.score, 4)} for h in hits]
+        return _json(request, {"items": items})
+
+    @app.get("/api/v1/incidents/{incident_id}/summary", tags=["incidents"])
+    def incident_summary(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("incidents:read"))],
+        incident_id: Annotated[int, Path(ge=1)],
+    ) -> Response:
+        """The incident's deterministic explanation first, then its retrieval block (similar
+        past incidents, runbook), each entry citing its id; `retrieval` is null when the
+        server has no retrieval extra."""
+        from denpex.catalog import load_catalog
+        from denpex.control.similar import incident_block
+
+        scoped = rt.store.scoped(who)
+        incident = scoped.incident(incident_id)
+        block = incident_block(scoped, incident, load_catalog())
+        lines: list[str] = []
+        if block is not None:
+            from denpex.control.similar import incident_diagnosis
+            from denpex.retrieval.rewrite import rewritten_lines
+
+            lines = block.lines() + rewritten_lines(incident_diagnosis(scoped, incident), block)
+        return _json(
+            request,
+            {
+                "incident": incident_id,
+                "title": incident["title"],
+                "explanation": incident["explanation"],
+                "retrieval": None if block is None else block.to_dict(),
+                "text": "" if block is None else "\n".join(lines),
+            },
+        )
+
     @app.get("/api/v1/incidents/{incident_id}", tags=["incidents"])
     def get_incident(
         request: Request,
@@ -188,11 +237,24 @@ def create_app(rt: Runtime) -> FastAPI:
         return JSONResponse(done)
 
     @app.post("/api/v1/incidents/{incident_id}/resolve", tags=["incidents"])
-    def resolve(
+    async def resolve(
+        request: Request,
         who: Annotated[Principal, Depends(principal("incidents:write"))],
         incident_id: Annotated[int, Path(ge=1)],
     ) -> Response:
-        done = rt.store.scoped(who).transition(incident_id, "resolved", _who(who), time.time_ns())
+        note = None
+        if request.headers.get("content-type", "").startswith("application/json"):
+            try:
+                body = jsonio.loads(await request.body() or b"{}")
+            except ValueError:
+                return _error(400, 'the body is not JSON: send {"note": "what was done"}')
+            note = body.get("note") if isinstance(body, dict) else None
+            if note is not None and not isinstance(note, str):
+                return _error(400, "note: must be a string")
+        store = rt.store.scoped(who)
+        done = await run_in_threadpool(
+            store.transition, incident_id, "resolved", _who(who), time.time_ns(), note
+        )
         return JSONResponse(done)
 
     # --- hosts, jobs, evidence ---------------------------------------------------------------
@@ -357,6 +419,17 @@ def _page(request: Request, page: Page) -> Response:
     return _json(request, {"items": page.items, "next_cursor": page.next_cursor})
 
 
+class _NoRetrieval(RuntimeError):
+    """The server has no retrieval extra: a 503 that says what to install."""
+
+
+def _need_retrieval() -> None:
+    from denpex.retrieval.lookup import enabled
+
+    if not enabled():
+        raise _NoRetrieval("retrieval is not installed on this server: pip install 'denpex[rag]'")
+
+
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
         {"error": {"status": status, "message": message}}, status_code=status, headers=headers
@@ -378,6 +451,10 @@ def _error_handlers(app: FastAPI, rt: Runtime) -> None:
     def _quota(_request: Request, exc: _QuotaExceeded) -> JSONResponse:
         rt.metrics.rejected.labels("429").inc()
         return _error(429, str(exc), {"Retry-After": str(max(1, round(exc.wait_s)))})
+
+    @app.exception_handler(_NoRetrieval)
+    def _no_retrieval(_request: Request, exc: _NoRetrieval) -> JSONResponse:
+        return _error(503, str(exc))
 
     @app.exception_handler(NotFound)
     def _not_found(_request: Request, exc: NotFound) -> JSONResponse:

@@ -97,6 +97,7 @@ class ReportShipper:
         self.token = token
         self.outbox = outbox or default_outbox()
         self.timeout_s = timeout_s
+        self.last_report_id: str | None = None  # this run's own, once shipped
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ReportShipper | None:
@@ -121,6 +122,7 @@ class ReportShipper:
     def ship(self, diagnosis: dict[str, Any]) -> ShipResult:
         """Queue this run's report, then deliver what the outbox holds within the bound."""
         report = {"id": str(uuid.uuid4()), **job_fields(diagnosis), "diagnosis": diagnosis}
+        self.last_report_id = report["id"]
         report["ended_ns"] = time.time_ns()
         self._queue(report)
         return self.deliver()
@@ -193,3 +195,36 @@ def _detail(err: urllib.error.HTTPError) -> str:
         return (err.read() or b"")[:200].decode(errors="replace")
     except OSError:
         return ""
+
+
+def similar_incidents_source(shipper: ReportShipper | None) -> Any:
+    """For a configured server: a function (query, vector, k) → the control plane's similar
+    past incidents, for the retrieval block of `denpex run`/`scan` (never the incident this
+    run's own report opened); None without a server. It raises OSError when the server is
+    down or refuses (the block then says so)."""
+    if shipper is None:
+        return None
+    import urllib.parse
+
+    def search(query: str, vector: Any, k: int) -> list:
+        from denpex.retrieval.index import Hit
+        from denpex.retrieval.passages import Passage
+
+        fields: dict[str, Any] = {"q": query[:8000], "k": k}
+        if shipper.last_report_id:
+            fields["exclude_report"] = shipper.last_report_id
+        params = urllib.parse.urlencode(fields)
+        headers = {"Authorization": f"Bearer {shipper.token}"} if shipper.token else {}
+        request = urllib.request.Request(
+            f"{shipper.url}/api/v1/incidents/similar?{params}", headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=shipper.timeout_s) as reply:
+                items = jsonio.loads(reply.read())["items"]
+            return [Hit(Passage.from_dict(item), float(item.get("score", 0.0))) for item in items]
+        except urllib.error.HTTPError as err:
+            raise OSError(f"{shipper.url} answered {err.code}: {_detail(err)}") from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OSError(f"{shipper.url} sent an unreadable answer ({exc})") from None
+
+    return search

@@ -128,6 +128,17 @@ incidents = sa.Table(
     sa.Column("resolved_by", sa.Text),
     sa.Column("resolved_ns", sa.BigInteger),
     sa.Column("epoch", sa.BigInteger, nullable=False),  # the leader epoch that wrote it
+    sa.Column("resolution", sa.Text),  # what the resolver said was done (migration 0002)
+)
+
+incident_vectors = sa.Table(  # one embedding per incident and model, for retrieval
+    "incident_vectors",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("incident_id", sa.BigInteger, primary_key=True),
+    sa.Column("model", sa.Text, primary_key=True),
+    sa.Column("text_key", sa.Text, nullable=False),
+    sa.Column("vector", sa.LargeBinary, nullable=False),
 )
 
 incident_links = sa.Table(
@@ -156,4 +167,5 @@ TENANT_TABLES = (
     "report_hosts",
     "incidents",
     "incident_links",
+    "incident_vectors",
 )

@@ -485,8 +485,11 @@ class TenantStore:
             refs.setdefault(kind, []).append(ref)
         return incident_dict(row, refs)
 
-    def transition(self, incident_id: int, to: str, who: str, now_ns: int) -> dict[str, Any]:
-        """open → acknowledged → resolved (resolving an open one directly is allowed)."""
+    def transition(
+        self, incident_id: int, to: str, who: str, now_ns: int, note: str | None = None
+    ) -> dict[str, Any]:
+        """open → acknowledged → resolved (resolving an open one directly is allowed); a note
+        given on resolving says what was done (retrieval shows it with similar incidents)."""
         allowed = {"acknowledged": ("open",), "resolved": ("open", "acknowledged")}
         if to not in allowed:
             raise ValueError(f"no transition to {to!r}")
@@ -508,7 +511,82 @@ class TenantStore:
                 .where(inc.c.tenant == self.tenant, inc.c.id == incident_id)
                 .values({"status": to, by: who, at: now_ns, "updated_ns": now_ns})
             )
+            if to == "resolved" and note:
+                conn.execute(
+                    inc.update()
+                    .where(inc.c.tenant == self.tenant, inc.c.id == incident_id)
+                    .values(resolution=note)
+                )
             return self._incident(conn, incident_id)
+
+    # --- retrieval: incidents and their stored embeddings ----------------------------------
+
+    def incident_vectors(
+        self, model: str, limit: int, *, exclude_report: str | None = None
+    ) -> list[tuple[dict[str, Any], Any]]:
+        """The tenant's latest incidents (at most `limit`), each with its stored vector row
+        for `model` ((text_key, bytes), or None when it has none yet); without the ones
+        opened from `exclude_report` (the asking run's own)."""
+        inc, vec, links = s.incidents, s.incident_vectors, s.incident_links
+        query = (
+            sa.select(inc, vec.c.text_key, vec.c.vector)
+            .select_from(
+                inc.outerjoin(
+                    vec,
+                    sa.and_(
+                        vec.c.tenant == inc.c.tenant,
+                        vec.c.incident_id == inc.c.id,
+                        vec.c.model == model,
+                    ),
+                )
+            )
+            .where(inc.c.tenant == self.tenant)
+            .order_by(inc.c.last_ns.desc(), inc.c.id.desc())
+            .limit(limit)
+        )
+        if exclude_report is not None:
+            query = query.where(
+                ~inc.c.id.in_(
+                    sa.select(links.c.incident_id).where(
+                        links.c.tenant == self.tenant,
+                        links.c.kind == "report",
+                        links.c.ref == exclude_report,
+                    )
+                )
+            )
+        with self._read() as conn:
+            rows = conn.execute(query).all()
+        return [
+            (incident_dict(r, None), None if r.vector is None else (r.text_key, bytes(r.vector)))
+            for r in rows
+        ]
+
+    def store_incident_vectors(self, model: str, rows: Sequence[tuple[int, str, bytes]]) -> None:
+        """(incident id, text key, float32 bytes) for `model`, replacing older ones."""
+        if not rows:
+            return
+        vec = s.incident_vectors
+        with self._write() as conn:
+            conn.execute(
+                vec.delete().where(
+                    vec.c.tenant == self.tenant,
+                    vec.c.model == model,
+                    vec.c.incident_id.in_([r[0] for r in rows]),
+                )
+            )
+            conn.execute(
+                vec.insert(),
+                [
+                    {
+                        "tenant": self.tenant,
+                        "incident_id": i,
+                        "model": model,
+                        "text_key": k,
+                        "vector": v,
+                    }
+                    for i, k, v in rows
+                ],
+            )
 
     # --- the leader's writes (behind the fence) -----------------------------------------------
 
@@ -714,7 +792,7 @@ def incident_dict(row: Any, links: dict[str, list[str]] | None) -> dict[str, Any
         "opened_ns": row.opened_ns,
         "updated_ns": row.updated_ns,
         "acknowledged": {"by": row.acknowledged_by, "ns": row.acknowledged_ns},
-        "resolved": {"by": row.resolved_by, "ns": row.resolved_ns},
+        "resolved": {"by": row.resolved_by, "ns": row.resolved_ns, "note": row.resolution},
     }
     if links is not None:
         out["evidence"] = links.get("evidence", [])

@@ -224,6 +224,22 @@ def render_text(diag: dict[str, Any], *, color: bool, width: int = 80) -> str:
     return "\n".join(out.lines) + "\n"
 
 
+def render_block(lines: list[str], *, color: bool, width: int = 80) -> str:
+    """The retrieval block's lines (denpex.retrieval.block) under the verdict: headings as
+    headings, entries wrapped under their citation; '' when there is nothing to show."""
+    if not lines:
+        return ""
+    out = _Lines(max(int(width), _MIN_WIDTH), color)
+    for line in lines:
+        if line.startswith("  "):
+            out.para((line.strip(), ""), indent=2, hang=6)
+        elif line.startswith("note: "):
+            out.para((line, "dim"), indent=0, hang=2)
+        else:
+            out.add((line, "head"))
+    return "\n".join(out.lines) + "\n"
+
+
 def _render_ok(out: _Lines, diag: dict[str, Any], ended: str) -> None:
     lost = _dicts(diag.get("coverage_lost"))
     if lost:  # never a plain OK when a check stopped: say what was not watched

@@ -11,8 +11,9 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from denpex.catalog import Catalog
 from denpex.core import jsonio
@@ -25,6 +26,9 @@ from denpex.lite.job_watch import JobWatch
 from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
 from denpex.lite.scanner import LINE_CAP, Scanner
 from denpex.lite.sdk_channel import SdkListener
+
+if TYPE_CHECKING:
+    from denpex.retrieval.index import Hit
 
 STREAM_NAMES = {1: "stdout", 2: "stderr"}
 
@@ -41,6 +45,8 @@ class ReportOptions:
     title: str = "denpex diagnosis"
     # called with the diagnosis JSON after the outputs above (the control-plane client)
     sinks: list[Callable[[dict], None]] = field(default_factory=list)
+    # past incidents for the retrieval block: (query, vector, k) → hits (the control plane)
+    incidents: Callable[[str, Any, int], Sequence[Hit]] | None = None
 
 
 class LiteSession:
@@ -338,6 +344,23 @@ class LiteSession:
             sys.stderr.flush()
         for sink in opts.sinks:
             sink(data)
+        if opts.text:  # after the verdict, which never waits for the model to load
+            self.write_retrieval(data)
+
+    def write_retrieval(self, data: dict) -> None:
+        """The retrieval block under the verdict when the rag extra is installed; nothing at
+        all when it is not."""
+        from denpex.lite.report_text import render_block
+        from denpex.retrieval.lookup import retrieval_block
+        from denpex.retrieval.rewrite import rewritten_lines
+
+        block = retrieval_block(data, self.catalog, incidents=self.options.incidents)
+        if block is None:
+            return
+        color = self.options.color if self.options.color is not None else _stderr_is_color_tty()
+        lines = block.lines() + rewritten_lines(data, block)
+        sys.stderr.write(render_block(lines, color=color, width=_terminal_width()))
+        sys.stderr.flush()
 
 
 def _write_file(path: str, data: bytes) -> None:

@@ -1,0 +1,185 @@
+"""Similar past incidents over the API, on SQLite and PostgreSQL: vectors stored beside the
+incidents, the resolution note shown, an incident's summary with its retrieval block."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.control.helpers import report
+
+CASES = [
+    (
+        "job-oom",
+        "cuda.oom",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    ),
+    ("job-disk", "host.disk_full", "OSError: [Errno 28] No space left on device: '/ckpt/step_9'"),
+    (
+        "job-xid",
+        "gpu.fallen_off_bus",
+        "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+    ),
+]
+
+
+@pytest.fixture
+def seeded(api, monkeypatch):
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    for job, category, line in CASES:
+        body = report(job=job, category=category)
+        diag = body["diagnosis"]
+        diag["root_cause"]["signature"] = None
+        diag["summary"] = f"{line} (rank 3 on node1)."
+        diag["timeline"][1].update(line=line, category=category, signature=category + ".x")
+        assert api.post("/api/v1/reports", json=body).status_code == 201
+    api.tick()
+    items = api.get("/api/v1/incidents").json()["items"]
+    return api, {i["category"]: i["id"] for i in items}
+
+
+def test_the_nearest_incident_comes_first_with_how_it_was_resolved(seeded):
+    api, ids = seeded
+    path = f"/api/v1/incidents/{ids['cuda.oom']}/resolve"
+    done = api.post(path, json={"note": "lowered the micro-batch to 4"}).json()
+    assert done["resolved"]["note"] == "lowered the micro-batch to 4"
+    reply = api.get(
+        "/api/v1/incidents/similar",
+        params={"q": "CUDA out of memory. Tried to allocate 512.00 MiB on GPU 1", "k": 2},
+    )
+    assert reply.status_code == 200, reply.text
+    items = reply.json()["items"]
+    assert items[0]["id"] == f"incident:{ids['cuda.oom']}"
+    assert items[0]["resolution"].startswith("resolved by token:")
+    assert items[0]["resolution"].endswith(": lowered the micro-batch to 4")
+    assert items[1]["resolution"] == "open, not resolved yet"
+    assert len(items) == 2 and items[0]["score"] > items[1]["score"]
+
+
+def test_vectors_are_stored_once_and_the_other_tenant_sees_none(seeded):
+    api, _ = seeded
+    from denpex.control.store import TenantStore
+    from denpex.retrieval import embedding
+
+    q = {"q": "No space left on device"}
+    assert api.get("/api/v1/incidents/similar", params=q).json()["items"][0]["category"] == (
+        "host.disk_full"
+    )
+    calls = []
+    real = embedding.Embedder.encode
+
+    def counting(self, texts):
+        calls.append(len(texts))
+        return real(self, texts)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(embedding.Embedder, "encode", counting):
+        api.get("/api/v1/incidents/similar", params=q)
+    assert calls == [1], "only the query is embedded once the incidents' vectors are stored"
+    stored = TenantStore(api.runtime.store, "acme", None).incident_vectors(embedding.MODEL_ID, 10)
+    assert len(stored) == 3 and all(vector is not None for _, vector in stored)
+    assert (
+        TenantStore(api.runtime.store, "globex", None).incident_vectors(embedding.MODEL_ID, 10)
+        == []
+    )
+    assert api.get("/api/v1/incidents/similar", params=q, tenant="globex").json()["items"] == []
+
+
+def test_an_incident_summary_keeps_its_explanation_and_cites_the_others(seeded):
+    api, ids = seeded
+    reply = api.get(f"/api/v1/incidents/{ids['host.disk_full']}/summary")
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    incident = api.get(f"/api/v1/incidents/{ids['host.disk_full']}").json()
+    assert body["explanation"] == incident["explanation"]  # unchanged, first
+    block = body["retrieval"]
+    assert block["evidence"] == ["e2"], block
+    assert f"incident:{ids['host.disk_full']}" not in {i["id"] for i in block["incidents"]}
+    assert "host.disk_full" in {r.get("category") for r in block["runbook"]}
+    assert "runbook (for evidence e2)" in body["text"]
+
+
+def test_without_the_extra_the_server_says_what_to_install(seeded, monkeypatch):
+    api, ids = seeded
+    monkeypatch.setenv("DENPEX_RAG", "off")
+    reply = api.get("/api/v1/incidents/similar", params={"q": "anything"})
+    assert reply.status_code == 503 and "denpex[rag]" in reply.json()["error"]["message"]
+    summary = api.get(f"/api/v1/incidents/{ids['cuda.oom']}/summary").json()
+    assert summary["retrieval"] is None and summary["explanation"]
+
+
+def test_a_resolve_note_must_be_text(seeded):
+    api, ids = seeded
+    path = f"/api/v1/incidents/{ids['gpu.fallen_off_bus']}/resolve"
+    assert api.post(path, json={"note": 5}).status_code == 400
+    assert (
+        api.post(path, content=b"{", headers={"content-type": "application/json"}).status_code
+        == 400
+    )
+    assert api.post(path).json()["resolved"]["note"] is None  # no body: as before
+
+
+@pytest.mark.slow
+def test_denpex_scan_shows_a_resolved_past_incident_from_the_server(tmp_path, server_processes):
+    """The whole path: a scan ships its report, the server opens an incident, an operator
+    resolves it with a note, and the next scan of the same failure shows it under its verdict."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from tests.control.conftest import ServerProcess, mint
+
+    url = f"sqlite:///{tmp_path / 'control.db'}"
+    token = mint(url, "red", "operator")
+    os.environ["DENPEX_RAG"] = "on"  # the server process inherits it
+    try:
+        server = ServerProcess(url, tmp_path / "server.log").start()
+    finally:
+        os.environ["DENPEX_RAG"] = "off"
+    server_processes.append(server)
+    log = Path(__file__).resolve().parents[1] / "corpus" / "ckpt_enospc.log"
+    env = {
+        **os.environ,
+        "DENPEX_RAG": "on",
+        "DENPEX_AGENT_URL": "off",
+        "DENPEX_SERVER_URL": server.base,
+        "DENPEX_TOKEN": token,
+        "DENPEX_OUTBOX": str(tmp_path / "outbox"),
+        "COLUMNS": "120",
+    }
+
+    def scan(job: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "denpex", "scan", "--no-color", str(log)],
+            env={**env, "DENPEX_JOB": job},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 1, done.stderr
+        return done.stderr
+
+    def call(path: str, data: bytes | None = None) -> dict:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        request = urllib.request.Request(server.base + path, data, headers)
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())
+
+    first = scan("job-1")
+    assert "similar past incidents" not in first  # nothing in the past yet
+    deadline = time.monotonic() + 60
+    while not (items := call("/api/v1/incidents")["items"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert items, "the server opened no incident"
+    note = json.dumps({"note": "moved checkpoints to the bigger volume"}).encode()
+    call(f"/api/v1/incidents/{items[0]['id']}/resolve", note)
+    second = scan("job-2")
+    head, _, block = second.partition("similar past incidents (for evidence")
+    assert "root cause: host.disk_full" in head
+    assert f"[incident:{items[0]['id']}] host.disk_full" in block
+    assert "moved checkpoints to the bigger volume" in " ".join(block.split())
+    assert "job job-2" not in block  # the incident its own report opened is not "past"
