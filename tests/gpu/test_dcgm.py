@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -50,22 +49,6 @@ value 1 1009 i 9223372036854775792
 """
 PCIE_WARN = "incident 1 10 0 3 PCIe replay rate 12/s above 8/s\n"
 NVLINK_FAIL = "incident 2 20 1 17 NVLink link 3 down\n"
-
-
-@pytest.fixture(scope="module")
-def fake_dcgms(tmp_path_factory) -> dict[int, Path]:
-    """The fake libdcgm as DCGM 3 (libdcgm.so.3) and as DCGM 4 (libdcgm.so.4)."""
-    if not shutil.which("gcc"):
-        pytest.skip("needs gcc to build the fake libdcgm")
-    folder = tmp_path_factory.mktemp("fake_dcgm")
-    source = REPO / "tests" / "fakes" / "dcgm" / "fake_dcgm.c"
-    built = {}
-    for major in (3, 4):
-        out = folder / f"libdcgm.so.{major}"
-        command = ["gcc", "-shared", "-fPIC", "-O1", f"-DFAKE_DCGM_MAJOR={major}", "-o", str(out)]
-        subprocess.run([*command, str(source)], check=True)
-        built[major] = out
-    return built
 
 
 @pytest.fixture(scope="module")
