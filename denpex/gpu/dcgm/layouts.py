@@ -26,7 +26,7 @@ DCGM_MAX_TEST_NAMES, DCGM_MAX_TEST_NAMES_LEN = 20, 50
 DCGM_MAX_TEST_PARMS, DCGM_MAX_TEST_PARMS_LEN = 100, 100
 DCGM_GPU_LIST_LEN, DCGM_PATH_LEN = 50, 128
 DCGM_MAX_CONFIG_FILE_LEN, DCGM_THROTTLE_MASK_LEN = 10000, 50
-# dcgm_field_entity_group_t (DCGM_FE_CONNECTX exists since DCGM 4)
+# dcgm_field_entity_group_t (DCGM_FE_CONNECTX exists since DCGM 4.1)
 DCGM_FE_GPU, DCGM_FE_SWITCH, DCGM_FE_CONNECTX = 1, 3, 9
 ENTITY_KINDS = {1: "gpu", 2: "vgpu", 3: "switch", 4: "gpu_i", 5: "gpu_ci", 6: "link", 7: "cpu",
                 8: "cpu_core", 9: "connectx"}  # fmt: skip
@@ -103,7 +103,7 @@ HEALTH_SYSTEMS: dict[str, int] = {
     "driver": 0x200,
     "nvswitch_nonfatal": 0x400,
     "nvswitch_fatal": 0x800,
-    "connectx": 0x1000,  # DCGM 4.5 and later
+    "connectx": 0x1000,  # DCGM 4.5.3 and later (older ones ignore the bit)
 }
 # the systems DCGM evaluates only for entities other than GPUs (DcgmHealthWatch.cpp)
 SWITCH_SYSTEMS = ("nvswitch_nonfatal", "nvswitch_fatal")
