@@ -394,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"SKIP {name}: {args.no_gpu}")
         return 0
     if args.one:
-        return run_one(args.one)
+        code = run_one(args.one)
+        sys.stdout.flush()
+        os._exit(code)  # a driver thread still waiting (an event set) must not hold the exit
     return run_all()
 
 
