@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 
-from denpex.cli.common import UsageError
+from denpex.cli.common import UsageError, db_option, db_url, open_store
 
 DESCRIPTION = """\
 Serve the control plane: OTLP/HTTP ingest (/v1/logs, /v1/metrics) for node agents, job
@@ -36,7 +36,7 @@ def add_parser(commands) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _db_option(parser)
+    db_option(parser)
     parser.add_argument(
         "--listen", metavar="HOST:PORT", default="127.0.0.1:9479", help="address to serve on"
     )
@@ -66,7 +66,7 @@ def add_parser(commands) -> None:
         help="mint a bearer token (printed once, stored hashed)",
         description="Mint a bearer token bound to one tenant and one role; it is printed once.",
     )
-    _db_option(token)
+    db_option(token)
     token.add_argument("--tenant", required=True, help="the tenant the token is bound to")
     token.add_argument(
         "--role", required=True, choices=("viewer", "operator", "admin"), help="what it may do"
@@ -74,38 +74,9 @@ def add_parser(commands) -> None:
     token.add_argument("--note", default="", help="who or what the token is for")
     token.set_defaults(handler=handle_token)
     revoke = sub.add_parser("revoke", help="revoke a token by its id (dpx_<id>_…)")
-    _db_option(revoke)
+    db_option(revoke)
     revoke.add_argument("token_id", help="the 16 hex digits after dpx_")
     revoke.set_defaults(handler=handle_revoke)
-
-
-def _db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-        "(default: SQLite under the state dir; also DENPEX_SERVER_DB)",
-    )
-
-
-def _url(args: argparse.Namespace) -> str:
-    import os
-
-    from denpex.control.db import default_url
-
-    return args.db or os.environ.get("DENPEX_SERVER_DB") or default_url()
-
-
-def _open_store(args: argparse.Namespace):
-    from denpex.control.db import Database, StoreError
-    from denpex.control.store import Store
-
-    try:
-        db = Database(_url(args))
-        db.migrate()
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
-    return Store(db)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -125,7 +96,7 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = ServerOptions(
-        url=_url(args),
+        url=db_url(args),
         host=host,
         port=port,
         lease_s=args.lease,
@@ -144,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
 def handle_token(args: argparse.Namespace) -> int:
     from denpex.enterprise import mint_token
 
-    store = _open_store(args)
+    store = open_store(args)
     minted = mint_token()
     store.add_token(
         minted.token_id, args.tenant, args.role, minted.secret_hash, time.time_ns(), args.note
@@ -160,7 +131,7 @@ def handle_token(args: argparse.Namespace) -> int:
 
 
 def handle_revoke(args: argparse.Namespace) -> int:
-    store = _open_store(args)
+    store = open_store(args)
     done = store.revoke_token(args.token_id, time.time_ns())
     store.db.dispose()
     if not done:
