@@ -1,0 +1,291 @@
+"""The Slurm backend: cordon and drain with a `denpex:` reason (`scontrol update nodename=…
+state=drain`), the pre-stop signal to the node's jobs (`scancel --signal=USR1 --full`),
+eviction as `scontrol requeuehold` (marked in the job's Comment), requeue with `--exclude`
+(ExcNodeList, then release), diagnostics through `dcgmi diag --host`, resume, and state read
+back through `sinfo --json` and `squeue`.
+
+Every operation reads the node or its jobs back before and after acting, so a repeated call
+changes nothing. It must never resume a node that someone else drained (a reason that is not
+ours), nor delete a job: evicted jobs are requeued, never cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from denpex.core import jsonio
+from denpex.remediation.backend import (
+    REASON_PREFIX,
+    Backend,
+    BackendError,
+    BackendTimeout,
+    NodeState,
+    Operation,
+    StepResult,
+    Target,
+    result,
+)
+
+EVICTED_COMMENT = "denpex: evicted from "
+DRAIN_FLAGS = {"DRAIN", "DRAINING", "DRAINED"}
+DEFAULT_DIAGNOSTICS = ("dcgmi", "diag", "--host", "{host}", "-r", "{level}")
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        diagnostics_command: Sequence[str] = DEFAULT_DIAGNOSTICS,
+    ) -> None:
+        self.env = dict(os.environ if env is None else env)
+        self.diagnostics_command = tuple(diagnostics_command)
+
+    def available(self) -> str | None:
+        lacking = [n for n in ("scontrol", "sinfo", "squeue", "scancel") if not shutil.which(n)]
+        if lacking:
+            return f"Slurm client commands not found: {', '.join(lacking)} (install slurm-client)"
+        return None
+
+    # --- commands --------------------------------------------------------------------------
+
+    def _run(self, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        try:
+            return subprocess.run(
+                list(argv), env=self.env, capture_output=True, text=True, timeout=timeout_s
+            )
+        except FileNotFoundError:
+            raise BackendError(f"slurm: {argv[0]} not found (install slurm-client)") from None
+        except subprocess.TimeoutExpired:
+            raise BackendTimeout(
+                f"slurm: {' '.join(argv)} did not finish in {timeout_s:g} s"
+            ) from None
+
+    def _must(self, argv: Sequence[str], timeout_s: float) -> str:
+        done = self._run(argv, timeout_s)
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip().splitlines()
+            raise BackendError(f"slurm: {' '.join(argv)}: {message[-1] if message else ''}")
+        return done.stdout
+
+    def _node(self, host: str, timeout_s: float) -> dict[str, Any]:
+        data = jsonio.loads(self._must(["sinfo", "--json", "--nodes", host], timeout_s))
+        for node in data.get("nodes", []):
+            if node.get("name") == host:
+                return dict(node)
+        raise BackendError(f"slurm: no node {host!r} (sinfo --json)")
+
+    def _jobs(self, host: str, timeout_s: float, *, states: str = "running") -> list[str]:
+        out = self._must(["squeue", "-h", "-w", host, "-t", states, "-o", "%i"], timeout_s)
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    def _evicted(self, host: str, timeout_s: float) -> list[str]:
+        """Jobs we evicted from `host` and have not yet released (their Comment marks them)."""
+        out = self._must(["squeue", "-h", "-t", "all", "-o", "%i|%T|%k"], timeout_s)
+        jobs = []
+        for line in out.splitlines():
+            job, _, rest = line.partition("|")
+            state, _, comment = rest.partition("|")
+            if comment == EVICTED_COMMENT + host and state not in ("RUNNING", "COMPLETED"):
+                jobs.append(job.strip())
+        return jobs
+
+    def state(self, target: Target, *, timeout_s: float) -> NodeState:
+        node = self._node(target.host, timeout_s)
+        return self._state(target.host, node, self._jobs(target.host, timeout_s))
+
+    def _state(self, host: str, node: Mapping[str, Any], jobs: Sequence[str]) -> NodeState:
+        flags = {str(f).upper() for f in node.get("state_flags") or []}
+        base = str(node.get("state", "")).lower()
+        draining = bool(flags & DRAIN_FLAGS) or base in ("drain", "drained", "draining")
+        down = base in ("down", "fail", "future") or "NOT_RESPONDING" in flags
+        reason = node.get("reason") or None
+        return NodeState(
+            host,
+            schedulable=not draining and not down,
+            drained=draining and not jobs,
+            reason=str(reason) if reason else None,
+            jobs=tuple(jobs),
+            raw={k: node.get(k) for k in ("state", "state_flags", "reason", "partitions")},
+        )
+
+    def _record(self, target: Target, timeout_s: float, **extra: Any) -> dict[str, Any]:
+        return {"node": self.state(target, timeout_s=timeout_s).to_dict(), **extra}
+
+    # --- operations ------------------------------------------------------------------------
+
+    def _set_drain(
+        self, op: Operation, target: Target, reason: str, timeout_s: float
+    ) -> StepResult:
+        started = time.time_ns()
+        before = self.state(target, timeout_s=timeout_s)
+        if not before.schedulable and before.reason == reason:
+            return result(
+                op,
+                target,
+                started,
+                ok=True,
+                changed=False,
+                detail=f"{target.host} already drained: {reason}",
+                record=self._record(target, timeout_s),
+            )
+        if not before.schedulable and not (before.reason or "").startswith(REASON_PREFIX):
+            raise BackendError(
+                f"slurm: {target.host} is already drained by someone else ({before.reason}); "
+                "denpex leaves it as it is"
+            )
+        argv = ["scontrol", "update", f"nodename={target.host}", "state=drain", f"reason={reason}"]
+        self._must(argv, timeout_s)
+        after = self.state(target, timeout_s=timeout_s)
+        return result(
+            op,
+            target,
+            started,
+            ok=not after.schedulable,
+            changed=True,
+            detail=f"{' '.join(argv[:4])} reason={reason!r}",
+            record={"node": after.to_dict(), "command": argv},
+        )
+
+    def cordon(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
+        return self._set_drain(Operation.CORDON, target, reason, timeout_s)
+
+    def drain(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
+        # Slurm's drain state is both: no new jobs, running ones continue until evicted
+        return self._set_drain(Operation.DRAIN, target, reason, timeout_s)
+
+    def rma(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
+        return self._set_drain(Operation.RMA, target, f"{REASON_PREFIX} rma {reason}", timeout_s)
+
+    def checkpoint(self, target: Target, *, budget_s: float) -> StepResult:
+        """Signal the node's jobs with SIGUSR1 (the SDK's pre-stop checkpoint signal). Slurm
+        cannot tell whether a job finished its checkpoint: the record says so."""
+        started = time.time_ns()
+        jobs = self._jobs(target.host, budget_s)
+        for job in jobs:
+            self._must(["scancel", "--signal=USR1", "--full", job], budget_s)
+        return result(
+            Operation.CHECKPOINT,
+            target,
+            started,
+            ok=True,
+            changed=bool(jobs),
+            detail=f"SIGUSR1 sent to {len(jobs)} job(s) on {target.host}",
+            record={"signalled": jobs, "completed": None, "budget_s": budget_s},
+        )
+
+    def evict(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
+        started = time.time_ns()
+        jobs = self._jobs(target.host, timeout_s, states="running,suspended,configuring")
+        for job in jobs:
+            self._must(
+                ["scontrol", "update", f"jobid={job}", f"Comment={EVICTED_COMMENT}{target.host}"],
+                timeout_s,
+            )
+            self._must(["scontrol", "requeuehold", job], timeout_s)
+        # the job leaves the node once its processes ended (COMPLETING until then)
+        deadline = time.monotonic() + timeout_s
+        still = self._jobs(target.host, timeout_s, states="running,completing")
+        while set(still) & set(jobs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            still = self._jobs(target.host, timeout_s, states="running,completing")
+        held = self._evicted(target.host, timeout_s)
+        return result(
+            Operation.EVICT,
+            target,
+            started,
+            ok=not (set(still) & set(jobs)),
+            changed=bool(jobs),
+            detail=f"{len(jobs)} job(s) requeued in held state from {target.host}",
+            record={"evicted": jobs, "held": held, "still_running": still},
+        )
+
+    def requeue(self, target: Target, *, exclude: Sequence[str], timeout_s: float) -> StepResult:
+        started = time.time_ns()
+        jobs = self._evicted(target.host, timeout_s)
+        excluded = ",".join(sorted(set(exclude) | {target.host}))
+        for job in jobs:
+            self._must(
+                [
+                    "scontrol",
+                    "update",
+                    f"jobid={job}",
+                    f"ExcNodeList={excluded}",
+                    "StartTime=now",
+                    f"Comment={REASON_PREFIX} requeued without {excluded}",
+                ],
+                timeout_s,
+            )
+            self._must(["scontrol", "release", job], timeout_s)
+        return result(
+            Operation.REQUEUE,
+            target,
+            started,
+            ok=True,
+            changed=bool(jobs),
+            detail=f"{len(jobs)} job(s) released with --exclude={excluded}",
+            record={"requeued": jobs, "exclude": excluded},
+        )
+
+    def run_diagnostics(self, target: Target, *, level: int, timeout_s: float) -> StepResult:
+        started = time.time_ns()
+        argv = [a.format(host=target.host, level=level) for a in self.diagnostics_command]
+        done = self._run(argv, timeout_s)
+        passed = done.returncode == 0
+        return result(
+            Operation.DIAGNOSTICS,
+            target,
+            started,
+            ok=passed,
+            changed=True,
+            detail=f"{' '.join(argv)}: {'passed' if passed else f'failed ({done.returncode})'}",
+            record={
+                "command": argv,
+                "returncode": done.returncode,
+                "output": (done.stdout + done.stderr)[-4000:],
+                "level": level,
+            },
+        )
+
+    def resume(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
+        started = time.time_ns()
+        before = self.state(target, timeout_s=timeout_s)
+        if before.schedulable:
+            return result(
+                Operation.RESUME,
+                target,
+                started,
+                ok=True,
+                changed=False,
+                detail=f"{target.host} already in service",
+                record={"node": before.to_dict()},
+            )
+        if not (before.reason or "").startswith(REASON_PREFIX):
+            raise BackendError(
+                f"slurm: {target.host} was drained by someone else ({before.reason}); "
+                "denpex does not resume it"
+            )
+        argv = ["scontrol", "update", f"nodename={target.host}", "state=resume"]
+        self._must(argv, timeout_s)
+        # slurmctld flags a resumed node NOT_RESPONDING until its slurmd answers the next ping
+        deadline = time.monotonic() + timeout_s
+        after = self.state(target, timeout_s=timeout_s)
+        while not after.schedulable and time.monotonic() < deadline:
+            time.sleep(0.5)
+            after = self.state(target, timeout_s=timeout_s)
+        return result(
+            Operation.RESUME,
+            target,
+            started,
+            ok=after.schedulable,
+            changed=True,
+            detail=" ".join(argv),
+            record={"node": after.to_dict(), "command": argv},
+        )
