@@ -177,7 +177,26 @@ class SlurmCluster:
             raise RuntimeError(f"sbatch: {done.stderr}")
         return done.stdout.strip().split(";")[0]
 
+    def _leftovers(self) -> list[int]:
+        """Processes of this cluster outside the daemons' groups (slurmstepd and job steps
+        start sessions of their own): they carry our SLURM_CONF in their environment."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                env = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if mark in env.split(b"\0"):
+                found.append(int(entry.name))
+        return found
+
     def stop(self) -> None:
+        if self.procs:
+            self.run("scancel", "--full", "--state=running", "--user=root", timeout=15)
+            self.run("scancel", "--user=root", timeout=15)
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 try:
@@ -192,3 +211,8 @@ class SlurmCluster:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         self.procs.clear()
+        for pid in self._leftovers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
