@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
@@ -59,6 +60,18 @@ def add_parser(commands) -> None:
         default=50_000.0,
         help="ingest quota per tenant and replica (429 beyond it)",
     )
+    parser.add_argument(
+        "--remediation-backend",
+        choices=("slurm",),
+        help="let the leader run remediation plans on this scheduler (default: plans are "
+        "proposed and recorded, never run)",
+    )
+    parser.add_argument(
+        "--diagnostics-command",
+        metavar="CMD",
+        help="the hardware diagnostics a plan runs ({host}, {level} filled in; default "
+        "'dcgmi diag --host {host} -r {level}')",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -104,6 +117,10 @@ def handle(args: argparse.Namespace) -> int:
             max_age_days=args.retention_days, max_rows_per_tenant=args.max_evidence_rows
         ),
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
+        remediation_backend=args.remediation_backend,
+        diagnostics_command=tuple(shlex.split(args.diagnostics_command))
+        if args.diagnostics_command
+        else None,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:

@@ -17,9 +17,10 @@ from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
 from denpex.control.leader import Leadership
 from denpex.control.quotas import QuotaPolicy, Quotas
+from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.selfmetrics import ServerMetrics
-from denpex.control.store import Fenced, Store
+from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import TokenDirectory, TokenRecord
 
 log = logging.getLogger("denpex.server")
@@ -36,6 +37,8 @@ class ServerOptions:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     quotas: QuotaPolicy = field(default_factory=QuotaPolicy)
     token_cache_s: float = 5.0
+    remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
+    diagnostics_command: tuple[str, ...] | None = None
 
 
 class CachedTokens:
@@ -76,14 +79,27 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_retention = 0.0
+        self.backend = make_backend(options.remediation_backend, options.diagnostics_command)
+        self.remediation = RemediationThread(
+            RemediationPass(self.db, self.store, self.backend),
+            self.store.tenants,
+            self._leading_fence,
+            options.loop_interval_s,
+        )
+
+    def _leading_fence(self) -> Fence | None:
+        state = self.leadership.state
+        return self.leadership.fence if state.leader else None
 
     # --- the leader loop -------------------------------------------------------------------
 
     def start_loop(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
         self._thread.start()
+        self.remediation.start()
 
     def stop_loop(self, timeout: float = 10.0) -> None:
+        self.remediation.stop(timeout)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -93,6 +109,7 @@ class Runtime:
 
     def wake_leader(self) -> None:
         self._wake.set()
+        self.remediation.wake()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -161,6 +161,14 @@ class Backend(ABC):
     @abstractmethod
     def state(self, target: Target, *, timeout_s: float) -> NodeState: ...
 
+    def pool_of(self, host: str, *, timeout_s: float) -> str | None:
+        """The partition or node pool `host` belongs to (None: the backend has no pools)."""
+        return None
+
+    def pool_hosts(self, pool: str, *, timeout_s: float) -> tuple[str, ...]:
+        """Every node of `pool` (the blast-radius guard's denominator)."""
+        raise BackendError(f"{self.name}: cannot list the nodes of pool {pool!r}")
+
     def perform(self, op: Operation, target: Target, params: Mapping[str, Any]) -> StepResult:
         """Run `op` with the step's parameters (what the executor calls)."""
         timeout_s = float(params.get("timeout_s", 60.0))

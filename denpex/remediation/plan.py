@@ -53,11 +53,26 @@ class Plan:
         }
 
 
+def plan_from_dict(data: Mapping[str, Any]) -> Plan:
+    return Plan(
+        int(data["incident"]),
+        str(data["category"]),
+        str(data.get("rule", "")),
+        Target.from_dict(data["target"]),
+        tuple(data["actions"]),
+        tuple(State(s) for s in data["steps"]),
+        str(data.get("reason", "")),
+    )
+
+
 def proposals_of(
-    incident: Mapping[str, Any], evidence: Iterable[Mapping[str, Any]]
+    incident: Mapping[str, Any],
+    evidence: Iterable[Mapping[str, Any]],
+    diagnosis_actions: Iterable[Mapping[str, Any]] = (),
 ) -> list[Proposal]:
     """The proposals of an incident: its own `action` on its component when it carries one
-    (fleet incidents do), else the action of each linked evidence row on that row's host."""
+    (fleet incidents do); else the `actions` of its reports' diagnoses (their `target` is a
+    host) and the action of each linked evidence row on that row's host."""
     component = incident.get("component") or {}
     own = incident.get("action")
     if own and component.get("kind") in COMPONENT_KINDS:
@@ -65,6 +80,10 @@ def proposals_of(
         device = component.get("id") if component.get("kind") != "host" else None
         return [Proposal(str(own), host, device)]
     found = []
+    for item in diagnosis_actions:
+        action = item.get("action") or "none"
+        if action != "none":
+            found.append(Proposal(str(action), item.get("target") or None))
     for row in evidence:
         action = row.get("action") or "none"
         if action != "none":

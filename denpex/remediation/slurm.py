@@ -32,6 +32,9 @@ from denpex.remediation.backend import (
 )
 
 EVICTED_COMMENT = "denpex: evicted from "
+# SIGUSR1 terminates a process that does not handle it: only jobs that say they handle it
+# (`sbatch --comment=denpex:checkpoint`, which the SDK's dx.watch does) are signalled
+CHECKPOINT_OPT_IN = "denpex:checkpoint"
 DRAIN_FLAGS = {"DRAIN", "DRAINING", "DRAINED"}
 DEFAULT_DIAGNOSTICS = ("dcgmi", "diag", "--host", "{host}", "-r", "{level}")
 
@@ -93,9 +96,20 @@ class SlurmBackend(Backend):
         for line in out.splitlines():
             job, _, rest = line.partition("|")
             state, _, comment = rest.partition("|")
-            if comment == EVICTED_COMMENT + host and state not in ("RUNNING", "COMPLETED"):
+            mark = EVICTED_COMMENT + host
+            if comment.split(" | ")[0] == mark and state not in ("RUNNING", "COMPLETED"):
                 jobs.append(job.strip())
         return jobs
+
+    def _comments(self, jobs: Sequence[str], timeout_s: float) -> dict[str, str]:
+        if not jobs:
+            return {}
+        out = self._must(["squeue", "-h", "-j", ",".join(jobs), "-o", "%i|%k"], timeout_s)
+        found = {}
+        for line in out.splitlines():
+            job, _, comment = line.partition("|")
+            found[job.strip()] = "" if comment == "(null)" else comment
+        return found
 
     def state(self, target: Target, *, timeout_s: float) -> NodeState:
         node = self._node(target.host, timeout_s)
@@ -118,6 +132,14 @@ class SlurmBackend(Backend):
 
     def _record(self, target: Target, timeout_s: float, **extra: Any) -> dict[str, Any]:
         return {"node": self.state(target, timeout_s=timeout_s).to_dict(), **extra}
+
+    def pool_of(self, host: str, *, timeout_s: float) -> str | None:
+        partitions = self._node(host, timeout_s).get("partitions") or []
+        return str(partitions[0]) if partitions else None
+
+    def pool_hosts(self, pool: str, *, timeout_s: float) -> tuple[str, ...]:
+        out = self._must(["sinfo", "-h", "-N", "-p", pool, "-o", "%N"], timeout_s)
+        return tuple(sorted({line.strip() for line in out.splitlines() if line.strip()}))
 
     # --- operations ------------------------------------------------------------------------
 
@@ -165,30 +187,40 @@ class SlurmBackend(Backend):
         return self._set_drain(Operation.RMA, target, f"{REASON_PREFIX} rma {reason}", timeout_s)
 
     def checkpoint(self, target: Target, *, budget_s: float) -> StepResult:
-        """Signal the node's jobs with SIGUSR1 (the SDK's pre-stop checkpoint signal). Slurm
-        cannot tell whether a job finished its checkpoint: the record says so."""
+        """Signal the node's opted-in jobs with SIGUSR1 (the SDK's pre-stop checkpoint
+        signal). Slurm cannot tell whether a job finished its checkpoint: the record says so."""
         started = time.time_ns()
-        jobs = self._jobs(target.host, budget_s)
+        comments = self._comments(self._jobs(target.host, budget_s), budget_s)
+        jobs = sorted(j for j, c in comments.items() if CHECKPOINT_OPT_IN in c)
+        skipped = sorted(set(comments) - set(jobs))
         for job in jobs:
             self._must(["scancel", "--signal=USR1", "--full", job], budget_s)
+        detail = f"SIGUSR1 sent to {len(jobs)} job(s) on {target.host}"
+        if skipped:
+            detail += f"; {len(skipped)} without --comment={CHECKPOINT_OPT_IN} not signalled"
         return result(
             Operation.CHECKPOINT,
             target,
             started,
             ok=True,
             changed=bool(jobs),
-            detail=f"SIGUSR1 sent to {len(jobs)} job(s) on {target.host}",
-            record={"signalled": jobs, "completed": None, "budget_s": budget_s},
+            detail=detail,
+            record={
+                "signalled": jobs,
+                "not_opted_in": skipped,
+                "completed": None,
+                "budget_s": budget_s,
+            },
         )
 
     def evict(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
         started = time.time_ns()
         jobs = self._jobs(target.host, timeout_s, states="running,suspended,configuring")
+        comments = self._comments(jobs, timeout_s)
         for job in jobs:
-            self._must(
-                ["scontrol", "update", f"jobid={job}", f"Comment={EVICTED_COMMENT}{target.host}"],
-                timeout_s,
-            )
+            kept = comments.get(job, "")
+            mark = EVICTED_COMMENT + target.host + (f" | {kept}" if kept else "")
+            self._must(["scontrol", "update", f"jobid={job}", f"Comment={mark}"], timeout_s)
             self._must(["scontrol", "requeuehold", job], timeout_s)
         # the job leaves the node once its processes ended (COMPLETING until then)
         deadline = time.monotonic() + timeout_s
@@ -211,7 +243,9 @@ class SlurmBackend(Backend):
         started = time.time_ns()
         jobs = self._evicted(target.host, timeout_s)
         excluded = ",".join(sorted(set(exclude) | {target.host}))
+        comments = self._comments(jobs, timeout_s)
         for job in jobs:
+            kept = comments.get(job, "").partition(" | ")[2]  # the job's own comment, restored
             self._must(
                 [
                     "scontrol",
@@ -219,7 +253,7 @@ class SlurmBackend(Backend):
                     f"jobid={job}",
                     f"ExcNodeList={excluded}",
                     "StartTime=now",
-                    f"Comment={REASON_PREFIX} requeued without {excluded}",
+                    f"Comment={kept}",
                 ],
                 timeout_s,
             )

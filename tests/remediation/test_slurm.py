@@ -41,11 +41,17 @@ def backend(slurm) -> SlurmBackend:
 
 def test_full_path_on_a_real_cluster(slurm, backend) -> None:
     assert backend.available() is None
-    job = slurm.sbatch(TRAP_JOB, "--requeue", "-J", "train")
+    job = slurm.sbatch(TRAP_JOB, "--requeue", "-J", "train", "--comment=denpex:checkpoint")
+    plain = slurm.sbatch(TRAP_JOB.replace("trap", "# no trap:"), "--requeue", "-J", "plain")
     host = wait_for(lambda: job_node(slurm, job))
+    wait_for(lambda: job_node(slurm, plain))
+    if job_node(slurm, plain) == host:  # one CPU per node: never on the same one
+        raise AssertionError("two jobs on one single-CPU node")
     target = Target(TargetKind.HOST, host, None, "gpu")
     reason = "denpex: incident 7 gpu.fallen_off_bus"
 
+    assert backend.pool_of(host, timeout_s=10) == "gpu"
+    assert backend.pool_hosts("gpu", timeout_s=10) == ("n1", "n2", "n3")
     state = backend.state(target, timeout_s=10)
     assert state.schedulable and state.jobs == (job,)
 
@@ -58,6 +64,7 @@ def test_full_path_on_a_real_cluster(slurm, backend) -> None:
 
     checkpoint = backend.checkpoint(target, budget_s=10)
     assert checkpoint.record["signalled"] == [job] and checkpoint.record["completed"] is None
+    assert checkpoint.record["not_opted_in"] == []
     wait_for(lambda: (slurm.root / f"ckpt-{job}.txt").exists())
 
     evict = backend.evict(target, reason=reason, timeout_s=10)
@@ -71,6 +78,7 @@ def test_full_path_on_a_real_cluster(slurm, backend) -> None:
     assert elsewhere != host  # rerouted: --exclude held
     shown = slurm.scontrol("show", "job", job).stdout
     assert f"ExcNodeList={host}" in shown
+    assert "Comment=denpex:checkpoint" in shown  # the job's own comment, restored
 
     diag = backend.run_diagnostics(target, level=3, timeout_s=10)
     assert diag.ok and f"level 3 on {host}" in diag.record["output"]
@@ -81,7 +89,12 @@ def test_full_path_on_a_real_cluster(slurm, backend) -> None:
     assert resume.ok and resume.changed
     assert backend.state(target, timeout_s=10).schedulable
     assert not backend.resume(target, reason=reason, timeout_s=10).changed
-    slurm.run("scancel", job)
+    # a job that did not opt in is never sent SIGUSR1 (it would kill it)
+    other = Target(TargetKind.HOST, job_node(slurm, plain) or "", None, "gpu")
+    skipped = backend.checkpoint(other, budget_s=10)
+    assert skipped.record["signalled"] == [] and skipped.record["not_opted_in"] == [plain]
+    assert job_node(slurm, plain)
+    slurm.run("scancel", job, plain)
 
 
 def test_a_node_drained_by_someone_else_is_left_alone(slurm, backend) -> None:
