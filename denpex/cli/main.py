@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         doctor,
         explain,
         fabric,
+        remediate,
         run,
         scan,
         server,
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     bundle.add_parser(commands)
     server.add_parser(commands)
     audit.add_parser(commands)
+    remediate.add_parser(commands)
     return parser
 
 

@@ -24,3 +24,7 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+# the control plane's fixtures (PostgreSQL, server processes), for the end-to-end tests here
+from tests.control.conftest import pg_cluster, pg_url, server_processes  # noqa: E402, F401
