@@ -59,7 +59,9 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 NAN_SCAN_MODES = ("auto", "always", "sampled", "off")
 # what the progress monitor reads from the same options: its thresholds, and where to beat
 KNOWN_OPTIONS = (
-    set(DEFAULT_OPTIONS) | {f.name for f in fields(Thresholds)} | {"store", "heartbeat_prefix"}
+    set(DEFAULT_OPTIONS)
+    | {f.name for f in fields(Thresholds)}
+    | {"store", "heartbeat_prefix", "prestop", "prestop_path"}
 )
 
 
@@ -186,6 +188,7 @@ class Guard:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
         self.monitor = self._progress_monitor()
+        self.prestop = self._prestop(options.get("prestop"), options.get("prestop_path"))
 
     # --- the per-step entry point --------------------------------------------------------
 
@@ -211,6 +214,8 @@ class Guard:
         if self.monitor is not None:
             scale = float(loss_scale) if loss_scale is not None else None
             self._run("progress", self.monitor.on_step, step, loss_value, scale)
+        if self.prestop is not None and self.prestop.pending:
+            self.prestop.serve(step)
 
     def close(self) -> None:
         """Read what is pending, remove hooks, close the progress monitor. Idempotent."""
@@ -225,6 +230,8 @@ class Guard:
             self.recorder.remove()
         if self.monitor is not None:
             self._run("progress", self.monitor.close)
+        if self.prestop is not None:
+            self.prestop.remove()
 
     def __enter__(self) -> Guard:
         return self
@@ -449,6 +456,10 @@ class Guard:
                 self.disabled.add(feature)
             return None
 
+    def _prestop(self, hook: Any, path: Any) -> Any:
+        """The pre-stop checkpoint (sdk/prestop.py) when a hook or a path is given."""
+        return _prestop_of(self, hook, path)
+
     def _progress_monitor(self) -> Monitor | None:
         if not self.options["progress"]:
             return None
@@ -471,6 +482,18 @@ class Guard:
         if attach is not None:
             self._run("progress", attach, self.model)  # times backward, when it knows how
         return monitor
+
+
+def _prestop_of(guard: Guard, hook: Any, path: Any) -> Any:
+    from denpex.sdk.prestop import PreStop, save_state_hook
+
+    if hook is None and path is None:
+        return None
+    if hook is not None and not callable(hook):
+        raise TypeError("watch(prestop=...) takes a callable hook(step)")
+    chosen = hook or save_state_hook(guard.model, guard.optimizer, os.fspath(path))
+    prestop = PreStop(chosen, rank=guard.rank)
+    return prestop if prestop.install() else None
 
 
 def watch(model: Any, optimizer: Any = None, **options: Any) -> Guard:

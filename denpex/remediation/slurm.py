@@ -187,28 +187,40 @@ class SlurmBackend(Backend):
         return self._set_drain(Operation.RMA, target, f"{REASON_PREFIX} rma {reason}", timeout_s)
 
     def checkpoint(self, target: Target, *, budget_s: float) -> StepResult:
-        """Signal the node's opted-in jobs with SIGUSR1 (the SDK's pre-stop checkpoint
-        signal). Slurm cannot tell whether a job finished its checkpoint: the record says so."""
+        """Signal the node's opted-in jobs with SIGUSR1 (the SDK's pre-stop checkpoint) and
+        wait up to `budget_s` for each to report `saved=<step>@<ns>` in its Comment."""
         started = time.time_ns()
         comments = self._comments(self._jobs(target.host, budget_s), budget_s)
         jobs = sorted(j for j, c in comments.items() if CHECKPOINT_OPT_IN in c)
         skipped = sorted(set(comments) - set(jobs))
         for job in jobs:
             self._must(["scancel", "--signal=USR1", "--full", job], budget_s)
-        detail = f"SIGUSR1 sent to {len(jobs)} job(s) on {target.host}"
+        deadline = time.monotonic() + budget_s
+        completed: dict[str, str | None] = {job: None for job in jobs}
+        while jobs and time.monotonic() < deadline:
+            for job, comment in self._comments(jobs, budget_s).items():
+                saved = _saved_after(comment, started)
+                if saved and completed.get(job) is None:
+                    completed[job] = saved
+            if all(completed.values()):
+                break
+            time.sleep(0.2)
+        done = [job for job, saved in completed.items() if saved]
+        detail = f"SIGUSR1 to {len(jobs)} job(s) on {target.host}, {len(done)} saved in budget"
         if skipped:
             detail += f"; {len(skipped)} without --comment={CHECKPOINT_OPT_IN} not signalled"
         return result(
             Operation.CHECKPOINT,
             target,
             started,
-            ok=True,
+            ok=len(done) == len(jobs),
             changed=bool(jobs),
             detail=detail,
             record={
                 "signalled": jobs,
                 "not_opted_in": skipped,
-                "completed": None,
+                "completed": completed,
+                "seconds": round((time.time_ns() - started) / 1e9, 3),
                 "budget_s": budget_s,
             },
         )
@@ -323,3 +335,13 @@ class SlurmBackend(Backend):
             detail=" ".join(argv),
             record={"node": after.to_dict(), "command": argv},
         )
+
+
+def _saved_after(comment: str, since_ns: int) -> str | None:
+    """`<step>@<ns>` of a job's `saved=` report made after `since_ns` (None: not yet)."""
+    for word in comment.split():
+        if word.startswith("saved="):
+            step, _, at = word[len("saved=") :].partition("@")
+            if at.isdigit() and int(at) >= since_ns:
+                return f"{step}@{at}"
+    return None

@@ -18,7 +18,10 @@ from tests.control.conftest import Api
 from tests.control.helpers import report
 from tests.remediation.test_slurm import wait_for
 
-LOOP_JOB = "#!/bin/sh\ntrap 'echo ckpt >> ckpt-$SLURM_JOB_ID' USR1\nwhile true; do sleep 1; done\n"
+LOOP_JOB = (
+    "#!/bin/sh\ntrap 'echo ckpt >> ckpt-$SLURM_JOB_ID; scontrol update jobid=$SLURM_JOB_ID "
+    '"Comment=denpex:checkpoint saved=1@$(date +%s%N)"\' USR1\nwhile true; do sleep 1; done\n'
+)
 
 
 @pytest.fixture

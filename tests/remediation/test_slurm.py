@@ -12,7 +12,8 @@ from denpex.remediation.backend import BackendError, Operation, Target, TargetKi
 from denpex.remediation.slurm import SlurmBackend
 
 TRAP_JOB = """#!/bin/sh
-trap 'echo checkpoint >> ckpt-$SLURM_JOB_ID.txt' USR1
+trap 'echo checkpoint >> ckpt-$SLURM_JOB_ID.txt; scontrol update jobid=$SLURM_JOB_ID \
+  "Comment=denpex:checkpoint saved=1@$(date +%s%N)"' USR1
 while true; do sleep 1; done
 """
 
@@ -63,7 +64,8 @@ def test_full_path_on_a_real_cluster(slurm, backend) -> None:
     assert again.ok and not again.changed  # idempotent: already drained with our reason
 
     checkpoint = backend.checkpoint(target, budget_s=10)
-    assert checkpoint.record["signalled"] == [job] and checkpoint.record["completed"] is None
+    assert checkpoint.ok and checkpoint.record["signalled"] == [job]
+    assert checkpoint.record["completed"][job].startswith("1@")
     assert checkpoint.record["not_opted_in"] == []
     wait_for(lambda: (slurm.root / f"ckpt-{job}.txt").exists())
 
