@@ -8,11 +8,8 @@ It must never act on a backend itself: approving only lets the leader's executor
 from __future__ import annotations
 
 import argparse
-import getpass
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +73,9 @@ def _connection(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _request(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    import urllib.error
+    import urllib.request  # here, not at the top: `denpex run` builds this parser too
+
     from denpex.core import jsonio
 
     url, token = _connection(args)
@@ -104,6 +104,8 @@ class _Refused(Exception):
 
 
 def handle(args: argparse.Namespace) -> int:
+    import getpass
+
     command = args.remediate_command
     by = getattr(args, "by", None) or getpass.getuser()
     base = "/api/v1/remediation"
