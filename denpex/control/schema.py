@@ -170,7 +170,7 @@ TENANT_TABLES = (
     "incident_vectors",
 )
 
-# --- remediation and the audit log (migration 0002_remediation): system tables, filtered by
+# --- remediation and the audit log (migration 0003_remediation): system tables, filtered by
 # their tenant column in code (denpex.control.remediation_store) ------------------------------
 
 audit = sa.Table(
