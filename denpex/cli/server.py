@@ -72,6 +72,18 @@ def add_parser(commands) -> None:
         help="the hardware diagnostics a plan runs ({host}, {level} filled in; default "
         "'dcgmi diag --host {host} -r {level}')",
     )
+    parser.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="site topology (YAML/JSON: each host's rack, leaf switch, PDU, pool, GPU rails) "
+        "for the fleet rules' shared-component incidents",
+    )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="replay recorded or simulated fleet history: no correlation loop of its own, an "
+        "admin's POST /api/v1/replay/tick?now_ns=… runs each pass at the replayed time",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -121,12 +133,28 @@ def handle(args: argparse.Namespace) -> int:
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
         if args.diagnostics_command
         else None,
+        topology=_topology(args.topology),
+        replay=args.replay,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
     except StoreError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _topology(path: str | None) -> dict:
+    from denpex.control.fleet.topology import parse_topology
+
+    if path is None:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_topology(f.read())
+    except OSError as exc:
+        raise UsageError(f"--topology {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--topology {path}: {exc}") from None
 
 
 def handle_token(args: argparse.Namespace) -> int:

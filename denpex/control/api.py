@@ -49,6 +49,11 @@ class Runtime(Protocol):
 
     def wake_leader(self) -> None: ...
 
+    @property
+    def replaying(self) -> bool: ...
+
+    def replay_tick(self, as_of_ns: int) -> dict[str, Any]: ...
+
 
 Limit = Annotated[int, Query(ge=1, le=1000, description="items per page")]
 Cursor = Annotated[str | None, Query(description="`next_cursor` of the previous page")]
@@ -155,6 +160,12 @@ def create_app(rt: Runtime) -> FastAPI:
         host: str | None = None,
         job: str | None = None,
         category: str | None = None,
+        kind: Annotated[
+            str | None, Query(description="component kind: job, host, gpu, switch, driver …")
+        ] = None,
+        component: Annotated[
+            str | None, Query(description="component id: a host, a GPU serial, a switch …")
+        ] = None,
         since: Since = None,
         until: Until = None,
         limit: Limit = 100,
@@ -165,6 +176,8 @@ def create_app(rt: Runtime) -> FastAPI:
             host=host,
             job=job,
             category=category,
+            kind=kind,
+            component=component,
             since=_time(since, "since"),
             until=_time(until, "until"),
             limit=limit,
@@ -259,6 +272,19 @@ def create_app(rt: Runtime) -> FastAPI:
             store.transition, incident_id, "resolved", _who(who), time.time_ns(), note
         )
         return JSONResponse(done)
+
+    if rt.replaying:
+
+        @app.post(
+            "/api/v1/replay/tick",
+            tags=["replay"],
+            summary="a replay server's leader pass at the replayed fleet time (all tenants)",
+        )
+        def replay_tick(
+            _who: Annotated[Principal, Depends(principal("tenant:admin"))],
+            now_ns: Annotated[int, Query(ge=0, description="the replayed fleet time")],
+        ) -> Response:
+            return JSONResponse({"tenants": rt.replay_tick(now_ns)})
 
     # --- hosts, jobs, evidence ---------------------------------------------------------------
 

@@ -1,16 +1,22 @@
-"""The correlation pass the leader runs: reports not yet correlated → incident candidates →
-incidents, written behind the epoch fence.
+"""The correlation pass the leader runs per tenant, written behind the epoch fence:
 
-Until the fleet rules (denpex.control.fleet) are wired in, one rule applies: a failed job
-report opens one incident for its own root cause (`job_root_cause`), linking the report's
-evidence, its job and its hosts. Pure candidate building (`report_candidates`) is kept apart
-from the pass that reads and writes, so rules can be tested without a store.
+- per job: a failed report opens one incident for its own root cause (`job_root_cause`,
+  component kind `job`), linking the report's evidence, its job and its hosts;
+- over the fleet: the rules above the single job (denpex.control.fleet: fleet_wide,
+  shared_component, hardware_in_job, repeat_offender, recovered) over the tenant's recent
+  history (fleet_pass.FleetWindow), their incidents opened, grown and resolved by merge().
+
+Pure candidate building (`report_candidates`) is kept apart from the pass that reads and
+writes, so rules can be tested without a store.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from denpex.control.fleet_pass import FleetWindow
+from denpex.control.fleet_store import FleetStore
 from denpex.control.ingest import report_evidence_ids
 from denpex.control.store import TenantStore
 
@@ -53,14 +59,42 @@ def report_candidates(report: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def correlate_tenant(store: TenantStore, now_ns: int) -> int:
-    """One pass over a tenant's pending reports; returns incidents opened or grown."""
-    touched = 0
+@dataclass(slots=True)
+class PassResult:
+    """What one tenant's pass wrote: per-job incidents opened or grown, and the fleet
+    incidents opened, grown and resolved (ids)."""
+
+    job_incidents: int = 0
+    fleet: dict[str, list[int]] = field(
+        default_factory=lambda: {"opened": [], "updated": [], "resolved": []}
+    )
+
+    @property
+    def written(self) -> int:
+        return self.job_incidents + sum(len(ids) for ids in self.fleet.values())
+
+
+def correlate_tenant(
+    store: TenantStore, now_ns: int, window: FleetWindow | None = None
+) -> PassResult:
+    """One pass over a tenant: its pending reports (per-job incidents, and into `window`),
+    then, with a window, the fleet rules over it."""
+    out = PassResult()
+    fleet = FleetStore(store)
+    if window is not None:
+        window.refresh(fleet, now_ns)
     while True:
         pending = store.pending_reports(BATCH)
         if not pending:
-            return touched
+            break
+        if window is not None:
+            window.add_reports(pending)
         candidates = [c for report in pending for c in report_candidates(report)]
-        touched += len(store.record_incidents(candidates, [r["id"] for r in pending], now_ns))
+        out.job_incidents += len(
+            store.record_incidents(candidates, [r["id"] for r in pending], now_ns)
+        )
         if len(pending) < BATCH:
-            return touched
+            break
+    if window is not None:
+        out.fleet = window.run(fleet, now_ns)
+    return out

@@ -78,6 +78,11 @@ class Report:
     ended_ns: int
     diagnosis: dict[str, Any]
     evidence: LogBatch
+    # the job's placement beyond its hosts (optional; the fleet rules read it)
+    started_ns: int | None = None
+    name: str | None = None  # the workload's name: reruns of one workload share it
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # [{host, pci, serial, rank}]
+    labels: dict[str, str] = field(default_factory=dict)  # {driver, image, …}
 
 
 # --- bodies ---------------------------------------------------------------------------------
@@ -285,8 +290,10 @@ def _points(metric: Any) -> Iterator[Any]:
 
 def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
     """A `POST /api/v1/reports` body: {id, job, user, hosts, ranks, scheduler, ended_ns,
-    diagnosis: denpex.diagnosis/v1}. The diagnosis's timeline becomes evidence rows whose
-    ids are `<report id>/<timeline id>` (timeline ids are only unique within one report)."""
+    diagnosis: denpex.diagnosis/v1} and optionally the job's placement {started_ns, name,
+    gpus: [{host, pci, serial, rank}], labels: {driver, image, …}}. The diagnosis's
+    timeline becomes evidence rows whose ids are `<report id>/<timeline id>` (timeline ids
+    are only unique within one report)."""
     try:
         body = jsonio.loads(data)
     except ValueError as exc:
@@ -294,6 +301,7 @@ def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
     if not isinstance(body, dict):
         raise IngestError(400, "a report is a JSON object")
     known = {"id", "job", "user", "hosts", "ranks", "scheduler", "ended_ns", "diagnosis"}
+    known |= {"started_ns", "name", "gpus", "labels"}
     unknown = sorted(set(body) - known)
     if unknown:
         raise IngestError(400, f"unknown report field(s): {', '.join(unknown)}")
@@ -314,6 +322,16 @@ def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
     ended_ns = body.get("ended_ns", received_ns)
     if not _is_int(ended_ns) or ended_ns < 0:
         raise IngestError(400, "report field 'ended_ns' must be a non-negative integer")
+    started_ns = body.get("started_ns")
+    if started_ns is not None and (not _is_int(started_ns) or started_ns < 0):
+        raise IngestError(400, "report field 'started_ns' must be a non-negative integer")
+    name = _opt_str(body.get("name"), "report field 'name'")
+    gpus = _gpus(body.get("gpus", []))
+    labels = body.get("labels", {})
+    if not isinstance(labels, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+    ):
+        raise IngestError(400, "report field 'labels' must be an object of strings")
     diagnosis = _check_diagnosis(body.get("diagnosis"))
     rows, seen_hosts = _timeline_rows(report_id, diagnosis, tenant, job, received_ns)
     for host in hosts:
@@ -328,7 +346,30 @@ def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
         ended_ns=ended_ns,
         diagnosis=diagnosis,
         evidence=LogBatch(rows, seen_hosts),
+        started_ns=started_ns,
+        name=name,
+        gpus=gpus,
+        labels=labels,
     )
+
+
+def _gpus(value: Any) -> list[dict[str, Any]]:
+    """The report's GPUs: [{host, pci, serial, rank}], host required, the rest optional."""
+    message = "report field 'gpus' must be a list of {host, pci, serial, rank}"
+    if not isinstance(value, list):
+        raise IngestError(400, message)
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or set(item) - {"host", "pci", "serial", "rank"}:
+            raise IngestError(400, message)
+        host, rank = item.get("host"), item.get("rank")
+        if not isinstance(host, str) or not host or (rank is not None and not _is_int(rank)):
+            raise IngestError(400, message)
+        for key in ("pci", "serial"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise IngestError(400, message)
+        out.append({k: item.get(k) for k in ("host", "pci", "serial", "rank")})
+    return out
 
 
 def _is_int(value: Any) -> bool:

@@ -94,6 +94,11 @@ reports = sa.Table(
     sa.Column("received_ns", sa.BigInteger, nullable=False),
     sa.Column("correlated", sa.Integer, nullable=False, server_default="0"),
     sa.Column("diagnosis", sa.Text, nullable=False),  # the denpex.diagnosis/v1 JSON
+    # 0003: the job's placement beyond its hosts, for the fleet rules
+    sa.Column("started_ns", sa.BigInteger),
+    sa.Column("workload", sa.Text),  # the workload's name: reruns of one workload share it
+    sa.Column("gpus", sa.Text, nullable=False, server_default="[]"),  # JSON [{host, pci, …}]
+    sa.Column("labels", sa.Text, nullable=False, server_default="{}"),  # JSON {driver, …}
 )
 
 report_hosts = sa.Table(
@@ -129,6 +134,10 @@ incidents = sa.Table(
     sa.Column("resolved_ns", sa.BigInteger),
     sa.Column("epoch", sa.BigInteger, nullable=False),  # the leader epoch that wrote it
     sa.Column("resolution", sa.Text),  # what the resolver said was done (migration 0002)
+    # 0003: the fleet rules' incidents
+    sa.Column("rules", sa.Text, nullable=False, server_default="[]"),  # JSON: every rule fired
+    sa.Column("action", sa.Text, nullable=False, server_default="none"),  # §7 action proposed
+    sa.Column("score", sa.Float, nullable=False, server_default="0"),  # what confidence calibrates
 )
 
 incident_vectors = sa.Table(  # one embedding per incident and model, for retrieval
@@ -170,7 +179,7 @@ TENANT_TABLES = (
     "incident_vectors",
 )
 
-# --- remediation and the audit log (migration 0003_remediation): system tables, filtered by
+# --- remediation and the audit log (migration 0005): system tables, filtered by
 # their tenant column in code (denpex.control.remediation_store) ------------------------------
 
 audit = sa.Table(

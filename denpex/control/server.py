@@ -1,9 +1,14 @@
 """`denpex server` at run time: the Runtime (store, token cache, quotas, leadership, self-
-metrics), the leader loop thread (correlation, retention, partitions) and uvicorn.
+metrics), the leader loop thread (correlation — per job and the fleet rules —, retention,
+partitions) and uvicorn.
 
 Replicas share nothing but the database: any replica ingests and answers; the loop's work
 happens only on the leader and only behind its epoch fence. It must never keep acting as
 leader after a refused write, and never exit with the loop thread still writing.
+
+A replay server (`replay=True`: recorded or simulated fleet history replayed faster than
+real time) has no loop thread: its leader passes run when the replayer says, at the fleet
+time it says (`replay_tick`), so that the rules' windows follow the replayed clock.
 """
 
 from __future__ import annotations
@@ -11,10 +16,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
+from denpex.control.fleet import FleetConfig, load_fleet_rules
+from denpex.control.fleet.model import Placement
+from denpex.control.fleet_pass import FleetWindow
 from denpex.control.leader import Leadership
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
@@ -39,6 +49,9 @@ class ServerOptions:
     token_cache_s: float = 5.0
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
+    topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
+    fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
+    replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
 
 
 class CachedTokens:
@@ -87,6 +100,10 @@ class Runtime:
             options.loop_interval_s,
         )
 
+        self.fleet_rules = options.fleet_rules or load_fleet_rules()
+        self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
+        self._tick_lock = threading.Lock()
+
     def _leading_fence(self) -> Fence | None:
         state = self.leadership.state
         return self.leadership.fence if state.leader else None
@@ -94,6 +111,8 @@ class Runtime:
     # --- the leader loop -------------------------------------------------------------------
 
     def start_loop(self) -> None:
+        if self.options.replay:
+            return  # passes come from replay_tick
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
         self._thread.start()
         self.remediation.start()
@@ -121,31 +140,61 @@ class Runtime:
             self._wake.wait(self.options.loop_interval_s)
             self._wake.clear()
 
-    def tick(self, now_ns: int) -> None:
-        """One pass: become leader if possible, do the leader's work (fenced), renew."""
+    @property
+    def replaying(self) -> bool:
+        return self.options.replay
+
+    def replay_tick(self, as_of_ns: int) -> dict[str, Any]:
+        """A replay server's leader pass at fleet time `as_of_ns` (the lease keeps the wall
+        clock); returns what each tenant's pass wrote."""
+        if not self.options.replay:
+            raise PermissionError("passes at a given time are for replay servers only")
+        return self.tick(time.time_ns(), as_of_ns)
+
+    def tick(self, now_ns: int, as_of_ns: int | None = None) -> dict[str, Any]:
+        """One pass: become leader if possible, do the leader's work (fenced), renew.
+        `as_of_ns` is the fleet time the rules see (default `now_ns`). Returns, per tenant,
+        the fleet incident ids opened, grown and resolved."""
+        with self._tick_lock:
+            return self._tick(now_ns, now_ns if as_of_ns is None else as_of_ns)
+
+    def _tick(self, now_ns: int, as_of_ns: int) -> dict[str, Any]:
         lead = self.leadership
         was = lead.state.leader
+        done: dict[str, Any] = {}
         if not lead.try_acquire(now_ns):
             self._publish()
-            return
+            return done
         if not was:
             log.warning("leading the correlation loop at epoch %d", lead.state.epoch)
-            ensure_partitions(self.db, now_ns - 86_400 * 10**9, now_ns + 3 * 86_400 * 10**9)
+            self.windows.clear()  # a new epoch reads the store afresh
+            ensure_partitions(
+                self.db, as_of_ns - 86_400 * 10**9, max(now_ns, as_of_ns) + 3 * 86_400 * 10**9
+            )
         try:
             for tenant in self.store.tenants():
-                written = correlate_tenant(self.store.for_leader(tenant, lead.fence), now_ns)
-                self.metrics.incidents.inc(written)
+                window = self.windows.get(tenant)
+                if window is None:
+                    window = self.windows[tenant] = FleetWindow(
+                        tenant, self.fleet_rules, self.options.topology
+                    )
+                result = correlate_tenant(
+                    self.store.for_leader(tenant, lead.fence), as_of_ns, window
+                )
+                self.metrics.incidents.inc(result.written)
+                done[tenant] = result.fleet
             if time.monotonic() >= self._next_retention:
                 self._next_retention = time.monotonic() + self.options.retention_interval_s
                 apply_retention(
                     self.store,
                     lambda t: self.store.for_leader(t, lead.fence),
                     self.options.retention,
-                    now_ns,
+                    as_of_ns,
                 )
         except Fenced as exc:
             self.metrics.fenced.inc()
             lead.note_fenced()
+            self.windows.clear()
             log.warning("no longer leader: %s", exc)
         else:
             fenced_before = lead.state.fenced
@@ -153,7 +202,9 @@ class Runtime:
                 if lead.state.fenced > fenced_before:
                     self.metrics.fenced.inc()
                 log.warning("no longer leader: the lease could not be renewed")
+                self.windows.clear()
         self._publish()
+        return done
 
     def _publish(self) -> None:
         state = self.leadership.state

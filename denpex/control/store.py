@@ -255,6 +255,10 @@ class TenantStore:
                     ended_ns=report.ended_ns,
                     received_ns=received_ns,
                     diagnosis=jsonio.dumps(diagnosis).decode(),
+                    started_ns=report.started_ns,
+                    workload=report.name,
+                    gpus=jsonio.dumps(report.gpus).decode(),
+                    labels=jsonio.dumps(report.labels).decode(),
                 )
             )
             if report.hosts:
@@ -454,17 +458,25 @@ class TenantStore:
         host: str | None = None,
         job: str | None = None,
         category: str | None = None,
+        kind: str | None = None,
+        component: str | None = None,
         since: int | None = None,
         until: int | None = None,
         limit: int = 100,
         cursor: tuple[Any, ...] | None = None,
     ) -> Page:
+        """Newest first; `kind` and `component` select one component's incidents (a GPU
+        serial's history: kind=gpu, component=<serial>)."""
         inc = s.incidents
         query = sa.select(inc).where(inc.c.tenant == self.tenant)
-        if status is not None:
-            query = query.where(inc.c.status == status)
-        if category is not None:
-            query = query.where(inc.c.category == category)
+        query = _filters(
+            query,
+            inc,
+            status=status,
+            category=category,
+            component_kind=kind,
+            component_id=component,
+        )
         links = s.incident_links
         for kind, ref in (("host", host), ("job", job)):
             if ref is not None:
@@ -792,6 +804,10 @@ def report_dict(row: Any, *, full: bool) -> dict[str, Any]:
         "received_ns": row.received_ns,
     }
     if full:
+        out["started_ns"] = row.started_ns
+        out["name"] = row.workload
+        out["gpus"] = jsonio.loads(row.gpus)
+        out["labels"] = jsonio.loads(row.labels)
         out["diagnosis"] = jsonio.loads(row.diagnosis)
     return out
 
@@ -805,6 +821,9 @@ def incident_dict(row: Any, links: dict[str, list[str]] | None) -> dict[str, Any
         "title": row.title,
         "explanation": row.explanation,
         "confidence": row.confidence,
+        "score": row.score,
+        "rules": jsonio.loads(row.rules) or [row.rule],
+        "action": row.action,
         "status": row.status,
         "first_ns": row.first_ns,
         "last_ns": row.last_ns,

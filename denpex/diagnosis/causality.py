@@ -46,11 +46,29 @@ def _innermost_frame(ctx: RuleContext, root: Evidence) -> Evidence | None:
     return frame
 
 
+def _detail(ctx: RuleContext, root: Evidence) -> Evidence | None:
+    """The first line of the root's own message below it (same stream and rank, at most
+    rules.yaml `refines.detail_lines` lines down) that names it more exactly: NCCL's reason
+    after "Last error:"."""
+    cfg = ctx.config
+    reach = int(cfg["refines"]["detail_lines"])
+    here = (root.event.attrs.get("stream"), root.event.host, root.event.rank)
+    below = [
+        e
+        for e in ctx.failures
+        if (e.event.attrs.get("stream"), e.event.host, e.event.rank) == here
+        and 0 < e.event.seq - root.event.seq <= reach
+        and cfg.details(e.category, root.category)
+    ]
+    return min(below, key=lambda e: e.event.seq, default=None)
+
+
 def refined(ctx: RuleContext, finding: Finding) -> Finding:
     """The root named more exactly (rules.yaml `refines`): another reading of its own line
-    (ENOSPC on /dev/shm is shared memory running out), else the innermost frame of its
-    traceback that says what the program was doing (a bare exception raised inside torch.save
-    is a checkpoint save that failed): the root's line, under the frame's signature."""
+    (ENOSPC on /dev/shm is shared memory running out), else the reason its message gives on
+    the lines below it (NCCL's "Last error:"), else the innermost frame of its traceback that
+    says what the program was doing (a bare exception raised inside torch.save is a checkpoint
+    save that failed): the root's line, under the frame's signature."""
     cfg, root = ctx.config, finding.root
     if finding.derived:
         return finding
@@ -61,6 +79,9 @@ def refined(ctx: RuleContext, finding: Finding) -> Finding:
     ]
     if better:
         return Finding(finding.rule, max(better, key=lambda e: severity_rank(e.severity)))
+    detail = _detail(ctx, root)
+    if detail is not None:
+        return Finding(finding.rule, detail)
     frame = _innermost_frame(ctx, root)
     if frame is None or not cfg.refines(frame.category, root.category):
         return finding
@@ -95,8 +116,9 @@ def cause_explains_effect(ctx: RuleContext, finding: Finding) -> Finding:
             and not same_line(e, root)  # one line read two ways is one statement, not a cause
             and ctx.explains(e, root)
             and not (ctx.explains(root, e) and before(first, e))
-            # a symptom (a timeout) that came after the root is never its deeper cause
-            and not (ctx.tier(e.category) == "symptom" and before(root, e))
+            # a symptom (a timeout) is never a deeper cause: what it explains is the teardown
+            # it starts (rules.yaml `explains` of nccl.timeout), not the failure before it
+            and ctx.tier(e.category) != "symptom"
         ]
         cause = strongest_earliest(causes)
         if cause is None:

@@ -44,12 +44,16 @@ class RulesConfig:
     is_numeric: Matcher = field(init=False)
     is_overflow: Matcher = field(init=False)
     is_scheduler: Matcher = field(init=False)
+    is_launcher_cancel: Matcher = field(init=False)
+    is_task_failure_report: Matcher = field(init=False)
     is_collective_timeout: Matcher = field(init=False)
     can_explain_failure: Matcher = field(init=False)
     sigkill_marker: re.Pattern[str] = field(init=False)
     is_frame_signature: Matcher = field(init=False)
     _explains: dict[str, Matcher] = field(init=False)
     _refines: dict[str, Matcher] = field(init=False)
+    _hardware_named_by: dict[str, Matcher] = field(init=False)
+    _details: dict[str, Matcher] = field(init=False)
     _across: dict[str, Matcher] = field(init=False)
     _on_success_categories: Matcher = field(init=False)
     _on_success_signatures: Matcher = field(init=False)
@@ -63,6 +67,8 @@ class RulesConfig:
         self.is_numeric = _matcher(r["numeric_categories"])
         self.is_overflow = _matcher(r["overflow_categories"])
         self.is_scheduler = _matcher(r["scheduler_categories"])
+        self.is_launcher_cancel = _matcher(r["launcher_cancel"]["categories"])
+        self.is_task_failure_report = _matcher(r["launcher_cancel"]["after_signatures"])
         self.is_collective_timeout = _matcher(r["collective_timeout"]["categories"])
         self.can_explain_failure = _matcher(r["warning_leads"])
         self.sigkill_marker = re.compile("|".join(f"(?:{p})" for p in r["sigkill_markers"]))
@@ -73,6 +79,12 @@ class RulesConfig:
             better: _matcher(list(roots)) for better, roots in r["refines"]["categories"].items()
         }
         self.is_frame_signature = _matcher(r["refines"]["frame_signatures"])
+        self._details = {
+            better: _matcher(list(roots)) for better, roots in r["refines"]["details"].items()
+        }
+        self._hardware_named_by = {
+            better: _matcher(list(roots)) for better, roots in r["hardware_named_by"].items()
+        }
         self._across = {}
         for entry in r["explains_across_hosts"]:
             named = entry if isinstance(entry, dict) else {entry: ["*"]}
@@ -101,6 +113,19 @@ class RulesConfig:
         """Whether evidence of category `better` names a root of category `root` more exactly
         (rules.yaml `refines`: a bare exception raised inside torch.save is a failed save)."""
         matches = self._refines.get(better)
+        return matches is not None and matches(root)
+
+    def details(self, better: str, root: str) -> bool:
+        """Whether a line of category `better` in the message of a root of category `root`
+        names it more exactly (rules.yaml `refines.details`: NCCL's "Last error:" reason)."""
+        matches = self._details.get(better)
+        return matches is not None and matches(root)
+
+    def names_hardware(self, better: str, root: str) -> bool:
+        """Whether hardware evidence of category `better` names an incident whose first line
+        is of category `root` (rules.yaml `hardware_named_by`: the Xid 79 after the PCIe link
+        dropped)."""
+        matches = self._hardware_named_by.get(better)
         return matches is not None and matches(root)
 
     def crosses_hosts(self, cause: str, effect: str) -> bool:

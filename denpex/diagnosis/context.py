@@ -60,6 +60,20 @@ class RuleContext:
             if not (c.is_infrastructure(e.category) or c.is_oom(e.category))
         ]
 
+    def ranks_timed_out(self) -> set[tuple[str | None, int]]:
+        """The (host, rank) of every rank that reports a collective timeout, when at least
+        rules.yaml `collective_timeout.min_reporting_ranks` do (else none: too few to say
+        which ranks the others waited on)."""
+        cfg = self.config
+        ranks = {
+            (e.event.host, e.event.rank)
+            for e in self.failures
+            if cfg.is_collective_timeout(e.category) and e.event.rank is not None
+        }
+        return (
+            ranks if len(ranks) >= int(cfg["collective_timeout"]["min_reporting_ranks"]) else set()
+        )
+
     def explains(self, cause: Evidence, effect: Evidence) -> bool:
         """Whether `cause` can explain `effect`: a causal edge of rules.yaml between their
         categories, on the same host (unless the cause reaches across hosts), close in time."""
@@ -74,10 +88,21 @@ class RuleContext:
             and not cfg.crosses_hosts(cause.category, effect.category)
         ):
             return False
-        gap = seconds_between(cause, effect)
+        return self.close(cause, effect)
+
+    def close(self, a: Evidence, b: Evidence) -> bool:
+        """Within rules.yaml `explains_window_s` of each other, or `explains_lines` lines apart
+        where they share no clock."""
+        cfg = self.config
+        gap = seconds_between(a, b)
         if gap is not None:
             return abs(gap) <= float(cfg["explains_window_s"])
-        return abs(cause.event.seq - effect.event.seq) <= int(cfg["explains_lines"])
+        return abs(a.event.seq - b.event.seq) <= int(cfg["explains_lines"])
+
+    def same_incident(self, a: Evidence, b: Evidence) -> bool:
+        """On the same host (where both name one) and close: one incident's several lines."""
+        hosts = a.event.host, b.event.host
+        return not (hosts[0] and hosts[1] and hosts[0] != hosts[1]) and self.close(a, b)
 
 
 @dataclass(slots=True)

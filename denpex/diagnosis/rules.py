@@ -24,7 +24,8 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
 
     Hardware absorbs only what it can explain (rules.yaml `explains`, on its host): when the
     first specific software failure is one it cannot explain (ENOSPC, an ImportError) and came
-    first, the two are independent and the earlier one is the root cause."""
+    first, the two are independent and the earlier one is the root cause. Where one incident
+    shows in several hardware lines, the device's own report names it."""
     cfg = ctx.config
     ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
     hardware = [
@@ -59,7 +60,16 @@ def hardware_first(ctx: RuleContext) -> Finding | None:
             e for e in hardware if before(e, first_specific) or ctx.explains(e, first_specific)
         ]
     root = strongest_earliest(hardware)
-    return Finding("hardware_first", root) if root else None
+    if root is None:
+        return None
+    # the device's own report names the incident its link errors began (rules.yaml
+    # `hardware_named_by`: the Xid 79 after AER's 'Surprise Down')
+    named = [
+        e
+        for e in hardware
+        if cfg.names_hardware(e.category, root.category) and ctx.same_incident(root, e)
+    ]
+    return Finding("hardware_first", strongest_earliest(named) or root)
 
 
 def oom_killer(ctx: RuleContext) -> Finding | None:
@@ -119,18 +129,35 @@ def first_failing_rank(ctx: RuleContext) -> Finding | None:
 
 
 def scheduler(ctx: RuleContext) -> Finding | None:
-    """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow."""
-    ended = [e for e in ctx.failures if ctx.config.is_scheduler(e.category)]
-    return _found("scheduler", earliest(ended))
+    """The scheduler cancelled the job (time limit, preemption): SIGTERM tracebacks follow.
+    A cancel that follows the launcher's report of a task's own failure is the launcher
+    ending the step (rules.yaml `launcher_cancel`: srun under --kill-on-bad-exit), not this."""
+    cfg = ctx.config
+    ended = earliest([e for e in ctx.failures if cfg.is_scheduler(e.category)])
+    if ended is None:
+        return None
+    if cfg.is_launcher_cancel(ended.category) and any(
+        cfg.is_task_failure_report(e.signature) and before(e, ended) for e in ctx.evidence
+    ):
+        return None
+    return Finding("scheduler", ended)
 
 
 def _before_teardown(ctx: RuleContext, items: list[Evidence]) -> list[Evidence]:
     """Generic failures after the first symptom (a watchdog timeout, a peer failure) are
-    part of the teardown it starts: aborts, core dumps, re-raised exceptions."""
+    part of the teardown it starts: aborts, core dumps, re-raised exceptions — except the
+    failure of a rank that is absent from a collective its peers timed out in: the peers
+    waited on it, and its own error is no part of their teardown."""
     first_symptom = _first_of_tier(ctx, "symptom")
     if first_symptom is None:
         return items
-    return [e for e in items if before(e, first_symptom)]
+    waiting = ctx.ranks_timed_out()
+    return [
+        e
+        for e in items
+        if before(e, first_symptom)
+        or (e.event.rank is not None and waiting and (e.event.host, e.event.rank) not in waiting)
+    ]
 
 
 def first_failing_weak(ctx: RuleContext) -> Finding | None:
@@ -144,24 +171,49 @@ def first_failing_weak(ctx: RuleContext) -> Finding | None:
     return Finding("first_failing_weak", root)
 
 
+def _reported_death(
+    ctx: RuleContext, categories: list[str], severities: list[str]
+) -> Evidence | None:
+    """The earliest launcher's or parent's report that a process died by a signal (a warning
+    of one of `categories`), when nothing but its symptoms failed before it."""
+    wanted = set(categories)
+    deaths = [e for e in ctx.evidence if e.category in wanted and e.severity in severities]
+    death = earliest(deaths)
+    if death is None:
+        return None
+    # a launcher reports the death when it tears the job down, after the peers' watchdog
+    # timeouts and "another rank failed" lines that the death caused: those do not count, nor
+    # does another reading of such a line (Horovod's "RuntimeError: … processes exited" is
+    # also an exception line)
+    symptom_lines = {line_key(e) for e in ctx.evidence if ctx.tier(e.category) == "symptom"}
+    symptom_lines.add(line_key(death))
+    earlier = [
+        e
+        for e in ctx.failures
+        if before(e, death)
+        and line_key(e) not in symptom_lines
+        and ctx.tier(e.category) != "symptom"
+    ]
+    return None if earlier else death  # after another failure: the teardown, not the cause
+
+
 def likely_oom_kill(ctx: RuleContext) -> Finding | None:
-    """A process killed by SIGKILL, and nothing failed before it: without the kernel's word,
-    the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The kill is a
-    launcher's or the parent's report (`exits with return code = -9`, `died with
+    """A process killed by SIGKILL, and nothing but its symptoms failed before it: without the
+    kernel's word, the host's OOM killer is the likely sender (rules.yaml `likely_oom`). The
+    kill is a launcher's or the parent's report (`exits with return code = -9`, `died with
     <Signals.SIGKILL: 9>`), a warning of an `oom_categories` category."""
     cfg = ctx.config
-    kills = [
-        e
-        for e in ctx.evidence
-        if cfg.is_oom(e.category) and e.severity in cfg["likely_oom"]["severities"]
-    ]
-    kill = earliest(kills)
-    if kill is None:
-        return None
-    kill_line = line_key(kill)
-    if any(before(e, kill) and line_key(e) != kill_line for e in ctx.failures):
-        return None  # it died after another failure: the kill is the teardown, not the cause
-    return Finding("likely_oom_kill", kill)
+    kill = _reported_death(ctx, list(cfg["oom_categories"]), cfg["likely_oom"]["severities"])
+    return _found("likely_oom_kill", kill)
+
+
+def crash_signal(ctx: RuleContext) -> Finding | None:
+    """A process that its launcher or parent reports dead of a crash signal (torchrun's
+    `exitcode: -11`, DeepSpeed's `return code = -7`, mp.spawn's `terminated with signal
+    SIGSEGV`), and nothing but its symptoms failed before it: a crash in native code
+    (rules.yaml `crash_signal`), not the peer failure the same line also reports."""
+    cfg = ctx.config["crash_signal"]
+    return _found("crash_signal", _reported_death(ctx, cfg["categories"], cfg["severities"]))
 
 
 def exception_fallback(ctx: RuleContext) -> Finding | None:
@@ -201,10 +253,10 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
 # Precedence, highest first. `first_failing_rank` sits above `scheduler` because a specific
 # failure before a cancel is what the user must fix; `numerics` above it because a NaN is
 # what makes the later crash happen; `absent_from_collective` below it because a rank that
-# crashed is absent from a collective too, and its crash is the cause; `likely_oom_kill` below
-# `first_failing_weak` because a line that says both "killed" and what died (a DataLoader
-# worker) names its failure, and above `exception_fallback` because the parent's exception
-# about its SIGKILLed child is the kill's consequence.
+# crashed is absent from a collective too, and its crash is the cause; `likely_oom_kill` and
+# `crash_signal` below `first_failing_weak` because a line that says both "killed" and what
+# died (a DataLoader worker) names its failure, and above `exception_fallback` because the
+# parent's exception about its SIGKILLed or crashed child is the death's consequence.
 RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     hardware_first,
     oom_killer,
@@ -215,6 +267,7 @@ RULES: tuple[Callable[[RuleContext], Finding | None], ...] = (
     scheduler,
     first_failing_weak,
     likely_oom_kill,
+    crash_signal,
     exception_fallback,
     warnings_on_failure,
     symptoms_only,

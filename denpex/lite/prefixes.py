@@ -3,6 +3,8 @@
 Pure functions from one line (bytes, ANSI already stripped) to a `ParsedLine`: torchrun
 `[rank3]:`/`[default3]:`, `srun -l` `3: `, pdsh `host: `, ISO/Slurm/syslog/dmesg timestamps,
 raw `/dev/kmsg` records and journald JSON. Several prefixes may stack; each is optional.
+A log pasted into a bug report or forum post as a Markdown quote (`> `, nested `> > `) is
+read as the log it quotes.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ _YEAR_IN_TEXT = re.compile(
     rb"\b(20\d\d)-[01]\d-[0-3]\d[T ]|\b[A-Z][a-z]{2} [ 0-9]\d \d\d:\d\d:\d\d (20\d\d)\]"
 )
 _RANK_IN_BODY = re.compile(rb"\[Rank (\d{1,6})\]")
+# a Markdown quote marker ("> ", "> > ", a bare ">" on an empty quoted line), never the
+# prompts ">>> " of a Python shell or "->"
+_QUOTE = re.compile(rb"^(?:>(?: |$)){1,8}")
 
 
 @dataclass(slots=True)
@@ -256,6 +261,12 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
             out.host, out.body = found.group(1).decode(), body[found.end() :]
             return True
     return False
+
+
+def unquote(line: bytes) -> bytes:
+    """The line a Markdown quote (`> `, `> > `) holds, as the log printed it."""
+    quoted = _QUOTE.match(line)
+    return line[quoted.end() :] if quoted else line
 
 
 def parse_line(line: bytes, year: int | None = None) -> ParsedLine:

@@ -20,7 +20,7 @@ from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
-from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
+from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, unquote, year_in
 from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn
 
 LINE_CAP = 64 * 1024
@@ -180,7 +180,7 @@ class Scanner:
         if not lines:
             return
         raw_lines = lines
-        lines = [strip_ansi(line) for line in lines]
+        lines = [unquote(strip_ansi(line)) for line in lines]
         first_seq = self._seq + 1
         self._seq += len(lines)
         self.lines += len(lines)

@@ -93,6 +93,12 @@ def test_another_tenants_resource_is_refused(api):
     assert stored_ids(api) == []
 
 
+def job_incidents(api, **params) -> list[dict]:
+    """The per-job incidents (the fleet rules' own are tested in test_fleet_incidents)."""
+    items = api.get("/api/v1/incidents", params=params).json()["items"]
+    return [i for i in items if i["component"]["kind"] == "job"]
+
+
 def test_report_becomes_an_incident_with_its_lifecycle(api):
     body = report(job="job-7", user="bob")
     first = api.post("/api/v1/reports", json=body)
@@ -101,7 +107,7 @@ def test_report_becomes_an_incident_with_its_lifecycle(api):
     assert again.status_code == 200 and again.json()["duplicate"] is True
     api.post("/api/v1/reports", json=report(job="job-8", status="ok"))
     api.tick()
-    incidents = api.get("/api/v1/incidents").json()["items"]
+    incidents = job_incidents(api)
     assert len(incidents) == 1  # the ok report opens none
     incident = api.get(f"/api/v1/incidents/{incidents[0]['id']}").json()
     assert incident["rule"] == "job_root_cause" and incident["status"] == "open"
@@ -112,7 +118,7 @@ def test_report_becomes_an_incident_with_its_lifecycle(api):
     cause = api.get(f"/api/v1/evidence/{body['id']}/e2").json()
     assert cause["host"] == "node1" and cause["rank"] == 3 and cause["job"] == "job-7"
     api.tick()  # a second pass opens nothing new
-    assert len(api.get("/api/v1/incidents").json()["items"]) == 1
+    assert len(job_incidents(api)) == 1
 
     path = f"/api/v1/incidents/{incident['id']}"
     assert api.post(path + "/acknowledge", role="viewer").status_code == 403
@@ -122,9 +128,9 @@ def test_report_becomes_an_incident_with_its_lifecycle(api):
     assert api.post(path + "/acknowledge").status_code == 409
     resolved = api.post(path + "/resolve").json()
     assert resolved["status"] == "resolved" and resolved["resolved"]["ns"]
-    assert api.get("/api/v1/incidents", params={"status": "open"}).json()["items"] == []
-    listed = api.get("/api/v1/incidents", params={"status": "resolved", "host": "node1"})
-    assert [i["id"] for i in listed.json()["items"]] == [incident["id"]]
+    assert job_incidents(api, status="open") == []
+    listed = job_incidents(api, status="resolved", host="node1")
+    assert [i["id"] for i in listed] == [incident["id"]]
     assert api.get("/api/v1/incidents", params={"job": "job-8"}).json()["items"] == []
 
 
@@ -155,7 +161,8 @@ def test_jobs_search_and_host_history(api):
     history = api.get("/api/v1/hosts/node2").json()
     assert {e["id"] for e in history["evidence"]} >= {"ev-node2-0", "ev-node2-2"}
     assert [j["job"] for j in history["jobs"]] == ["j2"]
-    assert [i["component"]["id"] for i in history["incidents"]] == ["j2"]
+    # j2's own incident, and the GPU the agent saw fall off the bus (the fleet rules)
+    assert sorted(i["component"]["id"] for i in history["incidents"]) == ["j2", "node2/0000:3b:00"]
     windowed = api.get(
         "/api/v1/hosts/node2", params={"since": T0 + 1_000_000, "until": T0 + 2_000_000}
     ).json()

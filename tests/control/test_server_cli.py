@@ -55,3 +55,14 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     assert bad_url.returncode == 2
     assert "expected sqlite:///PATH or postgresql://" in bad_url.stderr
     assert "Traceback" not in bad_url.stderr
+
+
+def test_a_bad_topology_file_is_a_one_line_error(tmp_path):
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    missing = denpex("--db", url, "--topology", str(tmp_path / "none.yaml"))
+    assert missing.returncode == 2 and "none.yaml" in missing.stderr
+    bad = tmp_path / "site.yaml"
+    bad.write_text("hosts: {node1: {leaf: s1}}\n")
+    wrong = denpex("--db", url, "--topology", str(bad))
+    assert wrong.returncode == 2 and "hosts.node1 takes only" in wrong.stderr
+    assert "Traceback" not in missing.stderr + wrong.stderr

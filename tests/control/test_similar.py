@@ -34,7 +34,8 @@ def seeded(api, monkeypatch):
         assert api.post("/api/v1/reports", json=body).status_code == 201
     api.tick()
     items = api.get("/api/v1/incidents").json()["items"]
-    return api, {i["category"]: i["id"] for i in items}
+    # the jobs' own incidents (the fleet rules add one for the GPU that fell off the bus)
+    return api, {i["category"]: i["id"] for i in items if i["component"]["kind"] == "job"}
 
 
 def test_the_nearest_incident_comes_first_with_how_it_was_resolved(seeded):
@@ -77,7 +78,8 @@ def test_vectors_are_stored_once_and_the_other_tenant_sees_none(seeded):
         api.get("/api/v1/incidents/similar", params=q)
     assert calls == [1], "only the query is embedded once the incidents' vectors are stored"
     stored = TenantStore(api.runtime.store, "acme", None).incident_vectors(embedding.MODEL_ID, 10)
-    assert len(stored) == 3 and all(vector is not None for _, vector in stored)
+    every = api.get("/api/v1/incidents").json()["items"]
+    assert len(stored) == len(every) >= 3 and all(vector is not None for _, vector in stored)
     assert (
         TenantStore(api.runtime.store, "globex", None).incident_vectors(embedding.MODEL_ID, 10)
         == []

@@ -23,8 +23,10 @@ def populate(api, tenant: str) -> dict:
     )
     api.tick()
     incidents = api.get("/api/v1/incidents", tenant=tenant).json()["items"]
-    assert len(incidents) == 1
-    return {"report": body["id"], "evidence": items[0].id, "incident": incidents[0]["id"]}
+    # the job's own incident, and the fleet rules' for the GPU the agent saw fall off the bus
+    by_kind = {i["component"]["kind"]: i["id"] for i in incidents}
+    assert len(incidents) == 2 and set(by_kind) == {"job", "gpu"}
+    return {"report": body["id"], "evidence": items[0].id, "incident": by_kind["job"]}
 
 
 def walk(api, tenant: str, own: dict) -> str:

@@ -38,6 +38,17 @@ def test_progress_bars_ansi_and_invalid_utf8():
     assert "\x1b" not in evidence.event.body and "\ufffd" in evidence.event.body
 
 
+def test_a_log_pasted_as_a_markdown_quote_reads_as_the_log():
+    scanner = scan(b"> epoch 3\n> > [rank2]: " + OOM + b"\n>\n> Killed\n>>> Killed\n")
+    # the quoted "Killed" is the shell's report, the ">>> Killed" a Python prompt's echo
+    assert [c for c in categories(scanner) if c != "app.exception"] == [
+        "cuda.oom",
+        "host.oom_killed",
+    ]
+    oom = next(e for e in scanner.evidence if e.category == "cuda.oom")
+    assert (oom.event.rank, oom.event.attrs["line"]) == (2, 2)
+
+
 def test_any_chunking_gives_the_same_evidence():
     seed = 7
     print("seed", seed)

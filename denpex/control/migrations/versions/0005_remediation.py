@@ -6,8 +6,8 @@ chain spans every tenant; so they are system tables (written as the store's own 
 tokens) whose every query filters by its `tenant` column in code. The audit table is
 append-only by convention and tamper-evident by construction (denpex.core.audit).
 
-Revision ID: 0003_remediation
-Revises: 0002
+Revision ID: 0005
+Revises: 0004
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003_remediation"
-down_revision = "0002"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
