@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything denpex's tests need (Debian packages, then Python packages) and runs
-# the whole suite: lint, the catalog check, the frozen binaries, then the tests with the
-# compiled extensions and again on the pure-Python fallbacks (DENPEX_NO_EXTENSIONS=1).
+# the whole suite: lint, the catalog check, the frozen binaries, the GPU checks (they skip
+# without a GPU), then the tests with the compiled extensions and again on the pure-Python
+# fallbacks (DENPEX_NO_EXTENSIONS=1).
 # Every phase runs and reports, whatever happened before it; the exit status is 1 when any
 # phase failed, and the summary at the end names them.
 # Usage: bash scripts/test-all.sh [pytest args]   (e.g. -m "not slow" to skip the slow suites)
@@ -36,6 +37,8 @@ phase "catalog" "$PYTHON" -m denpex.catalog.check
 if [[ "$*" != *"not slow"* ]]; then  # the slow dist tests run them; a build error shows here
     phase "frozen binaries (dist/: onedir, onefile, static)" bash dist_scripts/build_binary.sh
 fi
+# every check that needs a real NVIDIA GPU; without one it prints them all SKIP and passes
+phase "GPU checks (scripts/gpu-check.sh)" env PYTHON="$PYTHON" bash scripts/gpu-check.sh
 phase "tests (compiled extensions)" "$PYTHON" -m pytest "$@"
 DENPEX_NO_EXTENSIONS=1 phase "tests (pure-Python fallbacks, DENPEX_NO_EXTENSIONS=1)" \
     "$PYTHON" -m pytest -m "not slow" -p no:cacheprovider -q "$@"

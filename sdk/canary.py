@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from denpex.sdk.checksums import byte_view, digest_buffers
-from denpex.sdk.health import Finding
+from denpex.series.findings import Finding
 
 MAX_RERUNS = 2
 

@@ -1,12 +1,13 @@
 """XXH3-64 digests of a model's tensors (parameters, buffers, optimizer state), one per tensor.
 
-CPU tensors are hashed in place through zero-copy byte views; CUDA tensors go through one
-device-to-host copy of a flattened snapshot. It never modifies a tensor and never copies a
-CPU tensor.
+CPU tensors are hashed in place through zero-copy byte views read through torch alone (no
+numpy: torch does not require it); CUDA tensors go through one device-to-host copy of a
+flattened snapshot. It never modifies a tensor and never copies a contiguous CPU tensor.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -21,12 +22,38 @@ _checksum = load("checksum")
 CUDA_CHUNK_BYTES = 256 << 20
 
 
-def byte_view(tensor: Any) -> Any:
-    """A zero-copy uint8 numpy view of a contiguous CPU tensor's bytes (any dtype)."""
-    flat = tensor.detach().reshape(-1)
+def byte_view(tensor: Any) -> memoryview:
+    """A zero-copy view of a CPU tensor's bytes (any dtype), as a buffer the checksum module
+    reads: the tensor's memory seen as `torch.uint8` elements, exposed through a ctypes
+    array over it that holds a reference to the tensor (so the memory outlives the view)."""
+    tensor = tensor.detach()
+    if hasattr(tensor, "to_local"):  # a DTensor: the shard this rank holds
+        tensor = tensor.to_local()
+    flat = tensor.reshape(-1)  # a non-contiguous tensor is copied here
     if flat.numel() == 0:
         return memoryview(b"")
-    return flat.view(_uint8()).numpy()
+    if flat.device.type != "cpu":
+        raise ValueError(f"byte_view needs a CPU tensor, not one on {flat.device}")
+    raw = flat.view(_uint8())
+    start, end = _bounds(raw)
+    array = (ctypes.c_ubyte * (end - start)).from_address(start)
+    array._denpex_tensor = raw  # type: ignore[attr-defined]  # keeps the memory alive
+    return memoryview(array)
+
+
+def _bounds(raw: Any) -> tuple[int, int]:
+    """[start, end) addresses of a uint8 tensor's bytes, checked to lie inside its storage: a
+    tensor subclass without real memory (data_ptr 0) must never be read through an address."""
+    try:
+        storage = raw.untyped_storage()
+        base, size = storage.data_ptr(), storage.nbytes()
+    except RuntimeError as exc:
+        raise ValueError(f"the tensor's memory cannot be read ({exc})") from None
+    start = raw.data_ptr()
+    end = start + raw.numel()
+    if not raw.is_contiguous() or start == 0 or start < base or end > base + size:
+        raise ValueError("the tensor's bytes are not one contiguous range of its storage")
+    return start, end
 
 
 def _uint8() -> Any:
@@ -140,7 +167,7 @@ class CudaSnapshot:
         try:
             if self.event is not None:
                 self.event.synchronize()
-            base = self.host.numpy()
+            base = byte_view(self.host) if self.offsets[-1] else memoryview(b"")
             views = [base[a:b] for a, b in zip(self.offsets, self.offsets[1:], strict=False)]
             self._digests = digest_buffers(views)
         except BaseException as exc:  # reported to whoever waits

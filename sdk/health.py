@@ -1,143 +1,24 @@
-"""Per-layer health of a training step: norms, the first module with a non-finite output, loss
-spikes (median/MAD) and fp16 loss-scale collapse.
+"""Per-layer health of a training step: weight and gradient norms, the update/weight ratio,
+and the first module with a non-finite output (the series rules on the loss itself, spikes,
+NaN and loss-scale collapse, live in denpex.series, shared with the log scanner).
 
-Forward hooks only record a lazy per-module sum (no host sync, no copy); everything is read on
-sampled steps or when the loss is non-finite. Nothing here emits: it returns findings.
+Forward hooks only record a lazy per-module sum (no host sync, no copy); gradient norms are
+taken where the gradients exist (before the optimizer step, or as backward writes them), so
+a `zero_grad()` before `guard.step()` cannot zero them. Nothing here emits: it returns findings.
 """
 
 from __future__ import annotations
 
-import math
-from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from statistics import median
+from collections.abc import Iterable
 from typing import Any
 
-from denpex.core.detectors import detector
+from denpex.series.findings import Finding
 
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """What a detector saw, before it becomes Evidence (watch.py adds host, rank, ids):
-    the detector's id in denpex/core/detectors.yaml (category, severity, action and the
-    summary template come from there), the captures, and `values` only for the summary."""
-
-    signature: str
-    captures: dict[str, str] = field(default_factory=dict)
-    values: dict[str, Any] = field(default_factory=dict)
-    severity: str | None = None  # only for a detector whose catalog entry `varies`
-    action: str | None = None
-
-    @property
-    def category(self) -> str:
-        return detector(self.signature).category
-
-
-# --- loss spikes -------------------------------------------------------------------------
-
-MAD_TO_SIGMA = 1.4826  # MAD × this estimates the standard deviation of a normal sample
-
-
-def robust_center_scale(history: Sequence[float]) -> tuple[float, float]:
-    """(median, robust standard deviation = 1.4826 × MAD) of `history`."""
-    center = median(history)
-    mad = median(abs(x - center) for x in history)
-    # a perfectly flat history has MAD 0: fall back to a small fraction of the level so a
-    # constant loss does not turn every tiny wiggle into an infinite z-score
-    return center, MAD_TO_SIGMA * mad or max(abs(center) * 1e-3, 1e-12)
-
-
-def robust_z(history: Sequence[float], value: float) -> float:
-    """How many robust standard deviations (median/MAD) `value` lies above `history`."""
-    center, scale = robust_center_scale(history)
-    return (value - center) / scale
-
-
-class LossSpikeDetector:
-    """Flags a finite loss whose robust z-score over the last `window` losses exceeds
-    `threshold`; needs `min_history` losses first; a spike is not added to the history.
-    The median and MAD are recomputed every `refresh` losses, not on every step."""
-
-    def __init__(
-        self,
-        window: int = 200,
-        min_history: int = 20,
-        threshold: float = 10.0,
-        refresh: int = 16,
-    ) -> None:
-        self.history: deque[float] = deque(maxlen=window)
-        self.min_history = min_history
-        self.threshold = threshold
-        self.refresh = refresh
-        self._stats: tuple[float, float] | None = None
-        self._age = 0
-
-    def observe(self, step: int, loss: float) -> Finding | None:
-        if not math.isfinite(loss):
-            return None
-        if len(self.history) >= self.min_history:
-            if self._stats is None or self._age >= self.refresh:
-                self._stats, self._age = robust_center_scale(self.history), 0
-            center, scale = self._stats
-            z = (loss - center) / scale
-            if z > self.threshold:
-                return Finding(
-                    "train.loss_spike.robust_z",
-                    captures={"step": str(step), "loss": f"{loss:.6g}", "z": f"{z:.1f}"},
-                    values={"median": f"{center:.6g}", "window": len(self.history)},
-                )
-        self.history.append(loss)
-        self._age += 1
-        return None
-
-
-def nonfinite_loss(step: int, loss: float, module: str | None) -> Finding:
-    captures = {"step": str(step), "loss": str(loss)}
-    if not module:
-        return Finding("train.nan_loss.value", captures=captures)
-    return Finding("train.nan_loss.first_module", captures={**captures, "module": module})
+__all__ = ["Finding", "ForwardRecorder", "LayerNorms", "nonfinite_activation"]
 
 
 def nonfinite_activation(step: int, module: str) -> Finding:
     return Finding("train.nan_loss.first_module", captures={"step": str(step), "module": module})
-
-
-# --- loss-scale collapse -----------------------------------------------------------------
-
-
-class LossScaleTracker:
-    """fp16 dynamic loss scaling halves the scale on every overflow; `halvings` halvings
-    within `window` steps, or a scale below `floor`, is a collapse (reported once until the
-    scale grows again)."""
-
-    def __init__(self, halvings: int = 6, window: int = 200, floor: float = 1.0) -> None:
-        self.halvings = halvings
-        self.window = window
-        self.floor = floor
-        self.drops: deque[int] = deque()
-        self.last: float | None = None
-        self.reported = False
-
-    def observe(self, step: int, scale: float) -> Finding | None:
-        previous, self.last = self.last, scale
-        if previous is None or not math.isfinite(scale):
-            return None
-        if scale > previous:
-            self.reported = False
-        elif scale < previous:
-            self.drops.append(step)
-        while self.drops and self.drops[0] <= step - self.window:
-            self.drops.popleft()
-        collapsed = len(self.drops) >= self.halvings or scale < self.floor
-        if not collapsed or self.reported:
-            return None
-        self.reported = True
-        return Finding(
-            "train.grad_overflow.loss_scale_collapse",
-            captures={"step": str(step), "scale": f"{scale:g}", "halvings": str(len(self.drops))},
-            values={"window": self.window},
-        )
 
 
 # --- the first module with a non-finite output -------------------------------------------
@@ -222,9 +103,20 @@ class ForwardRecorder:
 # --- norms -------------------------------------------------------------------------------
 
 
+def _plain(norm: Any) -> Any:
+    """A norm as a plain tensor: the norm of a sharded DTensor is a partial value, summed
+    across its shards by full_tensor() (a collective every rank enters at the same step)."""
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+
 class LayerNorms:
     """Weight L2, grad L2 and update/weight ratio per module, computed with batched
-    (`_foreach`) kernels and one host read; no Python loop per parameter on the result."""
+    (`_foreach`) kernels and one host read; no Python loop per parameter on the result.
+
+    Gradient norms come from where the gradients exist: `capture_grads()` (the optimizer's
+    pre-step hook, on sampled steps) or, without an optimizer, per-parameter hooks armed for
+    the backward of a sampled step (`arm_backward`). Only when neither ran (the optimizer
+    step was skipped) are the gradients read as they are at `measure()`."""
 
     def __init__(self, named_params: Iterable[tuple[str, Any]]) -> None:
         import torch
@@ -241,13 +133,69 @@ class LayerNorms:
         self._snapshot: list[Any] | None = None
         self._base: Any = None  # per-layer weight norms when the snapshot was taken
         self._kept: list[Any] | None = None
+        self._captured: dict[int, Any] | None = None  # parameter index -> lazy grad norm
+        self._grad_hooks: list[Any] = []
+
+    # -- gradient norms, taken while the gradients exist -----------------------------------
+    def capture_grads(self) -> None:
+        """Norms of the gradients as they are now, as lazy tensors (no host read)."""
+        import torch
+
+        with torch.no_grad():
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
+            grads = [self.params[i].grad for i in with_grad]
+            norms = torch._foreach_norm(grads) if grads else []
+        self._captured = dict(zip(with_grad, norms, strict=True))
+
+    def arm_backward(self, armed: bool) -> None:
+        """While armed, each parameter's gradient norm is taken as backward accumulates it
+        (the last backward of a step wins, as with gradient accumulation)."""
+        if armed and not self._grad_hooks:
+            self._captured = {}
+            self._grad_hooks = [
+                p.register_post_accumulate_grad_hook(self._grad_hook(i))
+                for i, p in enumerate(self.params)
+                if p.requires_grad
+            ]
+        elif not armed and self._grad_hooks:
+            for handle in self._grad_hooks:
+                handle.remove()
+            self._grad_hooks = []
+
+    def _grad_hook(self, index: int) -> Any:
+        import torch
+
+        def hook(param: Any) -> None:
+            if param.grad is not None and self._captured is not None:
+                self._captured[index] = torch.linalg.vector_norm(param.grad.detach())
+
+        return hook
+
+    def _grad_norms(self) -> Any:
+        """Per-parameter gradient norms on CPU: the captured ones, else the gradients now."""
+        import torch
+
+        captured, self._captured = self._captured, None
+        if not captured:
+            captured = {}
+            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
+            if with_grad:
+                norms = torch._foreach_norm([self.params[i].grad for i in with_grad])
+                captured = dict(zip(with_grad, norms, strict=True))
+        grad = torch.zeros(len(self.params))
+        if captured:
+            index = list(captured)
+            values = [_plain(v) for v in captured.values()]
+            device = values[0].device
+            grad[index] = torch.stack([v.to(device) for v in values]).float().cpu()
+        return grad
 
     def _norms(self, tensors: list[Any]) -> Any:
         import torch
 
         if not tensors:
             return torch.zeros(0)
-        norms = torch._foreach_norm(tensors)
+        norms = [_plain(n) for n in torch._foreach_norm(tensors)]
         device = norms[0].device
         return torch.stack([n.to(device) for n in norms]).float().cpu()
 
@@ -264,10 +212,7 @@ class LayerNorms:
 
         with torch.no_grad():
             weight = self._norms(self.params)
-            with_grad = [i for i, p in enumerate(self.params) if p.grad is not None]
-            grad = torch.zeros(len(self.params))
-            if with_grad:
-                grad[with_grad] = self._norms([self.params[i].grad for i in with_grad])
+            grad = self._grad_norms()
             if keep_snapshot:
                 self._snapshot = self._copy_of_weights()
         per_layer_weight = self._per_layer(weight)

@@ -1,8 +1,10 @@
 """Progress, hang and straggler detection: a step heartbeat in the torch.distributed Store, read
-by a watchdog thread in every rank, which names the hung or slow rank(s) in evidence.
+by a watchdog thread in every rank, which names the hung or slow rank(s) in evidence (the
+rules are denpex.series.progress; a slowdown of the whole job, denpex.series.throughput).
 
 It never raises into training and never blocks it: the training thread only records numbers;
-every Store round trip, judgement and emit happens on the watchdog thread.
+every Store round trip, judgement and emit happens on the watchdog thread. When the Store is
+missing or stops answering, it says once that hang detection across ranks is off.
 """
 
 from __future__ import annotations
@@ -20,16 +22,22 @@ from typing import Any
 
 import orjson
 
+import denpex
+import denpex._native
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence, metric
-from denpex.sdk.progress_rules import (
+from denpex.core.sdk_wire import coverage_event
+from denpex.sdk.progress_store import StoreLink, open_store
+from denpex.series.findings import Finding
+from denpex.series.progress import (
     PeerView,
-    Thresholds,
+    deadline_of,
     find_stragglers,
     hang_evidence_id,
     judge_hang,
 )
-from denpex.sdk.progress_store import StoreLink, open_store
+from denpex.series.thresholds import ProgressRules, ThroughputRules, with_options
+from denpex.series.throughput import ThroughputDrop
 
 log = logging.getLogger("denpex.sdk.progress")
 
@@ -41,7 +49,8 @@ _PARAMS_TIMED = 4  # backward ends when the first parameters get their gradients
 class ProgressMonitor:
     """One per training process: `on_step` after each optimizer step, `close` at the end.
 
-    `options` may hold the `Thresholds` fields (see progress_rules) and `store`: any object
+    `options` may hold the ProgressRules and ThroughputRules fields (denpex/series/
+    thresholds.yaml) and `store`: any object
     with `set(key, bytes)`, `check([keys])` and `multi_get([keys])`, like a torch.distributed
     Store (default: the default process group's Store, when torch.distributed is initialized).
     Heartbeats live under `denpex/hb/<restart count>/<global rank>`.
@@ -58,7 +67,7 @@ class ProgressMonitor:
         options: Mapping[str, Any] | None = None,
     ) -> None:
         options = dict(options or {})
-        self.thresholds = Thresholds.from_options(options)
+        self.thresholds = ProgressRules.from_options(options)
         self.rank = int(rank) if rank is not None else 0
         self.world_size = int(world_size) if world_size is not None else 1
         self.host = host or socket.gethostname()
@@ -86,6 +95,15 @@ class ProgressMonitor:
         self._reported_hangs: set[str] = set()
         self._stragglers_named: set[int] = set()
         self._store_failures = 0
+        self._store_failed_at_step: int | None = None
+        self._coverage_said = False
+        # the lowest rank of the group watches the job's own pace against its baseline
+        self._pace = (
+            ThroughputDrop(with_options(ThroughputRules, options), subject="the job")
+            if self.rank == min(self._ranks, default=self.rank)
+            else None
+        )
+        self._paced_step = 0
         self._last_metric = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -144,6 +162,12 @@ class ProgressMonitor:
         return self.thresholds.store_timeout_s if self._store is not None else 0.0
 
     def _watch(self) -> None:
+        if self._store is None and len(self._ranks) > 1:
+            self._coverage_lost(
+                0,
+                "no torch.distributed store to exchange heartbeats (the process group is not "
+                "initialized): hangs and stragglers of other ranks are not watched",
+            )
         try:
             self._publish()  # at once: a rank that stops before its first tick is still seen
         except Exception as exc:
@@ -166,14 +190,25 @@ class ProgressMonitor:
         own = self._own_record()
         self._observe(self.rank, own, now)
         self._maybe_emit_metric(now)
+        self._judge_pace(own)
         if self._store is not None:
             try:
                 reads = self.rank in self._readers
                 records = self._publish(own, read=reads) or {}
                 self._store_failures = 0
+                self._store_failed_at_step = None
             except Exception as exc:
                 self._store_failures += 1
+                if self._store_failed_at_step is None:
+                    self._store_failed_at_step = self._step
                 log.debug("progress: store unreachable: %s", exc)
+                if self._store_failures >= max(1, self.thresholds.store_failures_lost):
+                    self._coverage_lost(
+                        self._store_failed_at_step,
+                        f"the torch.distributed store stopped answering "
+                        f"({type(exc).__name__}: {exc}): hangs of other ranks are judged "
+                        "from this rank alone",
+                    )
                 self._judge_without_store(now)
                 return
             if self.rank not in self._readers:
@@ -276,7 +311,7 @@ class ProgressMonitor:
         own = self._views.get(self.rank)
         if own is None or self._store_failures < 2:
             return
-        deadline = self.thresholds.deadline(self._views.values())
+        deadline = deadline_of(self._views.values(), self.thresholds)
         if now - own.step_changed_at <= deadline:
             return
         suspect = 0 if self._store_on_rank0 else None
@@ -302,6 +337,54 @@ class ProgressMonitor:
         evidence.id = key
         event.body = evidence.summary
         self._send(evidence)
+
+    def _judge_pace(self, own: dict[str, Any]) -> None:
+        """The job's median step time against its own baseline, once per new step seen."""
+        interval = own.get("interval")
+        if self._pace is None or interval is None or self._step <= self._paced_step:
+            return
+        self._paced_step = self._step
+        finding = self._pace.observe(self._step, float(interval))
+        if finding is not None:
+            self._send(self._finding_evidence(finding, f"sdk:{finding.signature}:{self._step}"))
+
+    def _finding_evidence(self, finding: Finding, evidence_id: str) -> Evidence:
+        event = Event(
+            body="",
+            ts_ns=time.time_ns(),
+            host=self.host,
+            source="sdk",
+            kind="state",
+            rank=self.rank,
+            pid=os.getpid(),
+        )
+        evidence = detector_evidence(
+            event,
+            finding.signature,
+            captures={"rank": str(self.rank), "host": self.host, **finding.captures},
+            values=finding.values,
+            severity=finding.severity,
+            action=finding.action,
+        )
+        evidence.id = evidence_id
+        event.body = evidence.summary
+        return evidence
+
+    def _coverage_lost(self, since_step: int, reason: str) -> None:
+        if self._coverage_said:
+            return
+        self._coverage_said = True
+        self._send(
+            coverage_event(
+                "progress",
+                since_step,
+                reason,
+                host=self.host,
+                rank=self.rank,
+                pid=os.getpid(),
+                ts_ns=time.time_ns(),
+            )
+        )
 
     def _maybe_emit_metric(self, now: float) -> None:
         if now - self._last_metric < self.thresholds.metric_every_s or not self._intervals:
@@ -350,22 +433,52 @@ def _group_ranks(group: Any, world_size: int) -> list[int]:
     return list(range(world_size))
 
 
-_COLLECTIVE_PATHS = (f"torch{os.sep}distributed{os.sep}", f"parallel{os.sep}distributed.py")
-_OWN_PATHS = (f"denpex{os.sep}", f"sdk{os.sep}progress", "threading.py")
+def _package_dir(module: Any) -> str:
+    """The folder a package is installed in, with a trailing separator."""
+    return os.path.join(os.path.dirname(os.path.realpath(module.__file__)), "")
+
+
+# frames of denpex itself (the package and the SDK, wherever they are installed: a clone in a
+# folder named `denpex` holds the user's own code too) and of the threading module
+_OWN_PATHS = (
+    _package_dir(denpex),
+    _package_dir(denpex._native),
+    os.path.join(os.path.dirname(os.path.realpath(__file__)), ""),
+    os.path.realpath(threading.__file__),
+)
+_path_cache: dict[str, str] = {}
+
+
+def _real(path: str) -> str:
+    real = _path_cache.get(path)
+    if real is None:
+        real = _path_cache[path] = os.path.realpath(path) if len(_path_cache) < 4096 else path
+    return real
+
+
+def _collective_paths(torch_dir: str) -> tuple[str, str]:
+    """torch.distributed, and DDP's module (its forward and backward wait in collectives)."""
+    return (
+        f"{torch_dir}distributed{os.sep}",
+        f"{torch_dir}nn{os.sep}parallel{os.sep}distributed.py",
+    )
 
 
 def _main_thread_place(thread_id: int) -> tuple[str, str]:
     """Where the training thread is now: 'collective' (inside torch.distributed), 'backward'
-    or 'compute', and its innermost frame outside torch as `file:line function`."""
+    or 'compute', and its innermost frame outside torch and denpex as `file:line function`."""
     frame = sys._current_frames().get(thread_id)
+    torch = sys.modules.get("torch")
+    torch_dir = _package_dir(torch) if getattr(torch, "__file__", None) else None
     where, place = "compute", ""
     while frame is not None:
-        path = frame.f_code.co_filename
-        if any(p in path for p in _COLLECTIVE_PATHS):
+        path = _real(frame.f_code.co_filename)
+        in_torch = torch_dir is not None and path.startswith(torch_dir)
+        if torch_dir is not None and in_torch and path.startswith(_collective_paths(torch_dir)):
             where = "collective"
-        elif where == "compute" and f"torch{os.sep}autograd{os.sep}" in path:
+        elif in_torch and where == "compute" and path.startswith(f"{torch_dir}autograd{os.sep}"):
             where = "backward"
-        if not place and f"torch{os.sep}" not in path and not any(p in path for p in _OWN_PATHS):
+        if not place and not in_torch and not path.startswith(_OWN_PATHS):
             place = f"{os.path.basename(path)}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
     return where, place

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from denpex.sdk.checksums import combine, to_signed
-from denpex.sdk.health import Finding
+from denpex.series.findings import Finding
 
 MAX_SLOTS = 1024  # digests per gather; more tensors than this are hashed in buckets
 HEADER = 3  # valid flag, number of tensors, layout digest

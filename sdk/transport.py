@@ -1,5 +1,7 @@
 """How SDK evidence leaves the training process: to the `denpex run` wrapper's Unix socket
 (path in DENPEX_SDK_SOCKET), else to stderr as `denpex-sdk: {json}` lines `denpex scan` reads.
+Metrics travel over the socket only: on stderr the job's log gets findings (and coverage and
+drop notices), one line each, never the SDK's numbers.
 
 It never raises into the training loop and never blocks it: emit() only encodes and appends to
 a bounded queue (full: the message is dropped and counted); a daemon thread does all I/O.
@@ -46,6 +48,7 @@ class Transport:
         self.sent = 0  # messages written (socket or stderr)
         self.dropped = 0  # messages lost: queue full, or could not be written
         self.encode_errors = 0
+        self.suppressed = 0  # metrics not written: the log gets findings only
         self._reported_dropped = 0
         self._pid = -1
         self._closed = False
@@ -72,11 +75,15 @@ class Transport:
             if self._closed:
                 self.dropped += 1
                 return
+            is_metric = isinstance(item, Event) and item.kind == "metric"
+            if is_metric and not self.socket_path:
+                self.suppressed += 1
+                return
             line = encode_message(self._stamped(item))
             if len(self._queue) >= self.capacity:
                 self.dropped += 1
                 return
-            self._queue.append(line)
+            self._queue.append((line, is_metric))
             self._start_writer()
             self._wake.set()
         except SdkWireError:
@@ -119,7 +126,7 @@ class Transport:
     def _reset_for_this_process(self) -> None:
         """Fresh queue, lock, writer and connection: nothing of the parent's is reused."""
         self._pid = os.getpid()
-        self._queue: collections.deque[bytes] = collections.deque()
+        self._queue: collections.deque[tuple[bytes, bool]] = collections.deque()  # (line, metric)
         self._wake = threading.Event()
         self._start_lock = threading.Lock()
         self._writer: threading.Thread | None = None
@@ -128,6 +135,7 @@ class Transport:
         self._stop = False
         self._busy = False
         self.sent = self.dropped = self.encode_errors = self._reported_dropped = 0
+        self.suppressed = 0
 
     def _stamped(self, item: Evidence | Event) -> Evidence | Event:
         """Fill host, pid and rank the producer left empty (on the item's own event)."""
@@ -169,14 +177,16 @@ class Transport:
             self._busy = True  # before popleft: flush() must never see "empty and idle" early
             try:
                 try:
-                    line = queue.popleft()
+                    line, is_metric = queue.popleft()
                 except IndexError:
                     return
-                if self._write_line(line):
+                if is_metric and not self.socket_path:
+                    self.suppressed += 1  # the socket went away: metrics stay out of the log
+                elif self._write_line(line):
                     self.sent += 1
                     self._report_drops()
                 elif self.socket_path:
-                    queue.appendleft(line)  # resent once reconnected
+                    queue.appendleft((line, is_metric))  # resent once reconnected
                     return
                 else:
                     self.dropped += 1
@@ -244,7 +254,7 @@ class Transport:
             if self._write_line(line):
                 self.sent += 1
         else:
-            self._queue.append(line)
+            self._queue.append((line, False))
 
 
 # --- the process-wide transport ---------------------------------------------------------------

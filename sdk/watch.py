@@ -2,7 +2,9 @@
 which schedules health sampling, checksums, replica agreement and canaries and emits evidence.
 
 `Guard.step()` never raises into the training loop: a failing feature is reported once on
-stderr and switched off, and every rank still enters every collective at the same step.
+stderr and switched off (and the switch-off is sent as an `sdk_coverage_lost` event, so no
+report says OK about a check that did not run), and every rank still enters every collective
+at the same step.
 """
 
 from __future__ import annotations
@@ -13,24 +15,19 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any, Protocol
 
+import denpex._native as native
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, metric
+from denpex.core.sdk_wire import coverage_event
 from denpex.sdk.canary import CanaryCheck, CanaryRunner, WeightIntegrity
 from denpex.sdk.checksums import CudaSnapshot, TensorSet, combine, optimizer_state_tensors
-from denpex.sdk.health import (
-    Finding,
-    ForwardRecorder,
-    LayerNorms,
-    LossScaleTracker,
-    LossSpikeDetector,
-    nonfinite_activation,
-    nonfinite_loss,
-)
-from denpex.sdk.progress_rules import Thresholds
+from denpex.sdk.health import Finding, ForwardRecorder, LayerNorms, nonfinite_activation
 from denpex.sdk.transport import default_emit as transport_emit
+from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
+from denpex.series.loss_scale import LossScaleTracker
+from denpex.series.thresholds import LossRules, LossScaleRules, option_names, with_options
 
 Emit = Callable[[Any], None]
 MAX_FEATURE_ERRORS = 3
@@ -40,12 +37,6 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     # asynchronously, nearly free), sampled on CPU (each reduction is synchronous work: about
     # 15 % of a small model's step, and a hooked module alone costs ~1 %)
     "nan_scan": "auto",
-    "spike_threshold": 10.0,
-    "spike_window": 200,
-    "spike_min_history": 20,
-    "scale_halvings": 6,
-    "scale_window": 200,
-    "scale_floor": 1.0,
     "metrics_top_k": 8,
     "checksum_optimizer": False,
     "replicas": True,  # True: compare with the group's replicas; False: off; "always"
@@ -53,14 +44,18 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "weight_integrity": True,
     "update_ratio_max_bytes": 1 << 30,  # no update/weight ratio (it needs a weights copy) above
     "progress": True,  # drive sdk/progress.py's ProgressMonitor (hangs, stragglers)
+    # without the compiled checksum module, the pure-Python XXH3 hashes tens of MB/s: above
+    # this many bytes of parameters checksums would cost more than the step, so they are off
+    "reference_checksum_max_bytes": 4 << 20,
 }
 
 
 NAN_SCAN_MODES = ("auto", "always", "sampled", "off")
-# what the progress monitor reads from the same options: its thresholds, and where to beat
+# the series detectors' thresholds (denpex/series/thresholds.yaml) are options under their
+# own names, and the progress monitor reads its own and where to beat
 KNOWN_OPTIONS = (
     set(DEFAULT_OPTIONS)
-    | {f.name for f in fields(Thresholds)}
+    | option_names(sdk=True)
     | {"store", "heartbeat_prefix", "prestop", "prestop_path"}
 )
 
@@ -138,11 +133,14 @@ class Guard:
         self.optimizer_steps = 0
         self.errors: dict[str, int] = {}
         self.disabled: set[str] = set()
+        self._failed_since: dict[str, int] = {}  # feature -> step of its first failure
+        self._coverage_lost: set[str] = set()
         self._emitted = 0
         self._closed = False
         self._handles: list[Any] = []
-        self._pending_losses: list[tuple[int, Any, list[tuple[int, Any]]]] = []
-        self._in_nan_episode = False
+        # (step, loss tensor, forward records, whether the loss scaler skipped that step)
+        self._pending_losses: list[tuple[int, Any, list[tuple[int, Any]], bool]] = []
+        self._nan_module: str | None = None  # first non-finite module of the NaN episode
         self._pending_snapshot: tuple[int, int, CudaSnapshot] | None = None
 
         named_params = [(n, p) for n, p in model.named_parameters()]
@@ -158,16 +156,10 @@ class Guard:
         self.recorder = None
         if scan != "off":
             self.recorder = ForwardRecorder(model, armed=scan == "always" or 1 % every == 0)
-        self.spikes = LossSpikeDetector(
-            self.options["spike_window"],
-            self.options["spike_min_history"],
-            self.options["spike_threshold"],
-        )
-        self.scale = LossScaleTracker(
-            self.options["scale_halvings"],
-            self.options["scale_window"],
-            self.options["scale_floor"],
-        )
+        loss_rules = with_options(LossRules, self.options)
+        self.spikes = LossSpikeDetector(loss_rules)
+        self.nan = NonFiniteLoss(loss_rules)
+        self.scale = LossScaleTracker(with_options(LossScaleRules, self.options))
         self.hash_optimizer = bool(self.options["checksum_optimizer"]) and optimizer is not None
         self.replicas = None
         if distributed and self.options["replicas"]:
@@ -187,6 +179,9 @@ class Guard:
         if optimizer is not None:
             self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
             self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        else:  # no optimizer to hook: gradient norms as backward writes them, on sampled steps
+            self.norms.arm_backward(1 % every == 0)
+        self._check_coverage_at_start(param_bytes, distributed)
         self.monitor = self._progress_monitor()
         self.prestop = self._prestop(options.get("prestop"), options.get("prestop_path"))
 
@@ -199,13 +194,16 @@ class Guard:
         self.step_index += 1
         step = self.step_index
         sampled = step % self.every == 0
-        loss_value = self._run("health", self._observe_loss, step, loss, sampled)
-        if loss_scale is not None:
+        self.scale.overflowed = False
+        if loss_scale is not None:  # first: a NaN on a step the scaler skipped is judged so
             self._run("health", self._observe_scale, step, loss_scale)
+        loss_value = self._run("health", self._observe_loss, step, loss, sampled)
         if sampled:
             self._run("health", self._sample_norms, step)
         elif self.norms._snapshot is not None:
             self._run("health", self._emit_update_ratio, step)
+        if self.optimizer is None:
+            self.norms.arm_backward((step + 1) % self.every == 0)
         self._checksum_schedule(step)
         if self.canary is not None and step % self.canary_every == 0:
             self._run("canary", self._check_canary, step)
@@ -222,10 +220,14 @@ class Guard:
         if self._closed:
             return
         self._run("health", self._flush_losses)
+        episode = self.nan.finish()  # a NaN held back in warm-up that never recovered
+        if episode is not None:
+            self._report(episode.last_step, nan_finding(episode, self._nan_module))
         self._closed = True
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        self.norms.arm_backward(False)
         if self.recorder is not None:
             self.recorder.remove()
         if self.monitor is not None:
@@ -247,17 +249,18 @@ class Guard:
             if sampled and records:
                 self._check_activations(step, records)
             return None
+        skipped = self.scale.overflowed  # reset by step() when no scale came with this step
         if hasattr(loss, "detach"):
             if loss.is_cuda:
                 # reading a CUDA loss waits for the device: batch the reads, one per interval
-                self._pending_losses.append((step, loss.detach(), records))
+                self._pending_losses.append((step, loss.detach(), records, skipped))
                 if sampled or len(self._pending_losses) >= self.every:
                     self._flush_losses()
                 return None
             value = float(loss.detach())
         else:
             value = float(loss)
-        self._judge_loss(step, value, records, sampled)
+        self._judge_loss(step, value, records, sampled, skipped)
         return value
 
     def _flush_losses(self) -> None:
@@ -266,18 +269,20 @@ class Guard:
             return
         import torch
 
-        values = torch.stack([t.float().reshape(()) for _, t, _ in pending]).cpu().tolist()
-        for (step, _, records), value in zip(pending, values, strict=True):
-            self._judge_loss(step, value, records, step % self.every == 0)
+        values = torch.stack([t.float().reshape(()) for _, t, _, _ in pending]).cpu().tolist()
+        for (step, _, records, skipped), value in zip(pending, values, strict=True):
+            self._judge_loss(step, value, records, step % self.every == 0, skipped)
 
-    def _judge_loss(self, step: int, value: float, records: list, sampled: bool) -> None:
+    def _judge_loss(
+        self, step: int, value: float, records: list, sampled: bool, skipped: bool = False
+    ) -> None:
+        episode = self.nan.observe(step, value, skipped=skipped)
+        if self.nan.started:  # the first NaN of an episode: which module made it
+            self._nan_module = self.recorder.first_nonfinite(records) if self.recorder else None
+        if episode is not None:
+            self._report(step, nan_finding(episode, self._nan_module))
         if not math.isfinite(value):
-            if not self._in_nan_episode:
-                self._in_nan_episode = True
-                module = self.recorder.first_nonfinite(records) if self.recorder else None
-                self._report(step, nonfinite_loss(step, value, module))
             return
-        self._in_nan_episode = False
         spike = self.spikes.observe(step, value)
         if spike is not None:
             self._report(step, spike)
@@ -363,7 +368,11 @@ class Guard:
             self.integrity.record(weights, optimizer_steps)
 
     def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.integrity.armed or self._closed:
+        if self._closed:
+            return
+        if (self.step_index + 1) % self.every == 0:  # the step guard.step() will sample
+            self._run("health", self.norms.capture_grads)
+        if not self.integrity.armed:
             return
 
         def verify() -> None:
@@ -440,25 +449,70 @@ class Guard:
 
     def _run(self, feature: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Call `fn`; on an exception count it, say so once on stderr, and after a few
-        switch the feature off. The training loop never sees it."""
+        switch the feature off and say that coverage was lost. The training loop never sees
+        it."""
         if feature in self.disabled:
             return None
         try:
             return fn(*args)
         except Exception as exc:
             count = self.errors[feature] = self.errors.get(feature, 0) + 1
+            self._failed_since.setdefault(feature, self.step_index)
             if count == 1:
                 sys.stderr.write(
                     f"denpex.sdk: {feature} failed at step {self.step_index} ({exc!r}); "
                     "training continues\n"
                 )
-            if count >= MAX_FEATURE_ERRORS and feature not in ("replicas", "emit"):
-                self.disabled.add(feature)
+            if count >= MAX_FEATURE_ERRORS and feature != "emit":
+                if feature != "replicas":  # replicas still enter the gather (nobody waits)
+                    self.disabled.add(feature)
+                self._lost(feature, self._failed_since[feature], f"{type(exc).__name__}: {exc}")
             return None
 
     def _prestop(self, hook: Any, path: Any) -> Any:
         """The pre-stop checkpoint (sdk/prestop.py) when a hook or a path is given."""
         return _prestop_of(self, hook, path)
+
+    # --- coverage ------------------------------------------------------------------------
+
+    def _lost(self, check: str, since_step: int, reason: str) -> None:
+        """Say once per check that it has not run since `since_step`, and why."""
+        if check in self._coverage_lost:
+            return
+        self._coverage_lost.add(check)
+        event = coverage_event(
+            check,
+            since_step,
+            reason,
+            host=self.host,
+            rank=self.rank,
+            pid=self.pid,
+            job=self.job,
+            ts_ns=time.time_ns(),
+        )
+        self._run("emit", self.emit_fn, event)
+
+    def _check_coverage_at_start(self, param_bytes: int, distributed: bool) -> None:
+        """Checks that cannot run in this process at all, said before the first step."""
+        if self.options["replicas"] and self.world_size > 1 and not distributed:
+            self._lost(
+                "replicas",
+                0,
+                f"WORLD_SIZE is {self.world_size} but torch.distributed is not initialized when "
+                "dx.watch() is called: replicas are not compared (call init_process_group first)",
+            )
+        limit = int(self.options["reference_checksum_max_bytes"])
+        if native.backend("checksum") == "reference" and param_bytes > limit:
+            why = (
+                "the compiled checksum module is not available (DENPEX_NO_EXTENSIONS=1 or not "
+                f"built) and the pure-Python XXH3 is too slow for {param_bytes >> 20} MiB of "
+                f"parameters (reference_checksum_max_bytes={limit})"
+            )
+            self.disabled.update(("checksums", "integrity"))
+            self._lost("checksums", 0, why)
+            if self.canary is not None:
+                self.disabled.add("canary")
+                self._lost("canary", 0, why)
 
     def _progress_monitor(self) -> Monitor | None:
         if not self.options["progress"]:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ["denpex._native"],
     ["denpex.core"],
-    ["denpex.catalog"],
+    ["denpex.catalog", "denpex.series"],
     ["denpex.diagnosis"],
     ["denpex.retrieval"],
     [

@@ -2,6 +2,9 @@
 
 Formatting is prometheus_client's (escaping, `# HELP`/`# TYPE`); names follow the rule of
 denpex.agent.metric_names (`denpex_<name>`, counters end in `_total`), shared with OTLP.
+The one exception is a counter under another exporter's name (dcgm-exporter's `DCGM_*`):
+its `# HELP`/`# TYPE` lines carry the name as that exporter writes it, without the `_total`
+prometheus_client's text format would add.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
 from denpex import __version__
-from denpex.agent.metric_names import PREFIX, family_name, help_text, series_name
+from denpex.agent.metric_names import PREFIX, family_name, help_text, series_name, verbatim
 from denpex.agent.pipeline import Pipeline
 from denpex.agent.scheduler import CollectorState
 
@@ -39,6 +42,7 @@ class AgentView:
     unavailable: Callable[[], Mapping[str, str]]
     help_texts: Callable[[], Mapping[str, str]]
     extra: list[Callable[[], Iterable[SelfMetric]]] = field(default_factory=list)
+    verbatim_counters: set[str] = field(default_factory=set)  # seen by the last collect()
 
     def collect(self) -> Iterator[Metric]:
         yield from self._collector_values()
@@ -54,6 +58,8 @@ class AgentView:
             if family is None:
                 doc = help_text(name, value.source, helps)
                 family = families[base] = Metric(base, doc, "counter" if counter else "gauge")
+                if counter and verbatim(name):
+                    self.verbatim_counters.add(base)
             family.add_sample(series_name(name, counter=counter), dict(labels), value.value)
         yield from families.values()
 
@@ -127,4 +133,11 @@ def _counter(name: str, doc: str) -> Metric:
 
 
 def render(view: AgentView) -> bytes:
-    return generate_latest(view)  # type: ignore[arg-type]
+    text = generate_latest(view)  # type: ignore[arg-type]
+    for name in sorted(view.verbatim_counters):
+        raw = name.encode()
+        text = text.replace(b"# HELP " + raw + b"_total ", b"# HELP " + raw + b" ", 1)
+        text = text.replace(
+            b"# TYPE " + raw + b"_total counter\n", b"# TYPE " + raw + b" counter\n", 1
+        )
+    return text

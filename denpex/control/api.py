@@ -1,5 +1,6 @@
 """The HTTP surface of `denpex server` (FastAPI): OTLP/HTTP ingest on /v1/logs and
-/v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json.
+/v1/metrics, the REST API under /api/v1, /healthz, /metrics and /openapi.json (the web UI
+at `/` is mounted from denpex.control.ui).
 
 Every route that touches tenant data names its action; the `principal` dependency
 authenticates and authorises through denpex.enterprise BEFORE the handler runs, and the
@@ -383,6 +384,9 @@ def create_app(rt: Runtime) -> FastAPI:
     ) -> Response:
         return _json(request, rt.store.scoped(who).evidence(evidence_id))
 
+    from denpex.control.ui import mount_ui  # the web UI at `/`, through the same auth
+
+    mount_ui(app, rt)
     return app
 
 

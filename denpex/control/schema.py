@@ -159,6 +159,14 @@ incident_links = sa.Table(
     sa.Column("ref", sa.Text, primary_key=True),
 )
 
+server_secrets = sa.Table(  # shared by every replica; never tenant data, never in a page
+    "server_secrets",
+    metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+)
+
 leader = sa.Table(
     "leader",
     metadata,

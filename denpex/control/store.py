@@ -9,12 +9,14 @@ failure stores nothing. It must never build SQL from request text (parameters on
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from denpex.control import audit_log
@@ -159,6 +161,22 @@ class Store:
         exists = conn.execute(sa.select(s.tenants.c.name).where(s.tenants.c.name == tenant)).first()
         if exists is None:
             conn.execute(s.tenants.insert().values(name=tenant, created_ns=now_ns))
+
+    def server_secret(self, name: str, make: Callable[[], str], now_ns: int) -> str:
+        """The secret `name` every replica shares, created with `make()` by whichever replica
+        asks first (the others read the row it wrote)."""
+        t = s.server_secrets
+        with self.db.system_tx(write=True) as conn:
+            found = conn.execute(sa.select(t.c.value).where(t.c.name == name)).scalar()
+            if found is None:
+                insert = (pg_insert if self.db.postgres else sqlite_insert)(t)
+                conn.execute(
+                    insert.values(
+                        name=name, value=make(), created_ns=now_ns
+                    ).on_conflict_do_nothing()
+                )
+                found = conn.execute(sa.select(t.c.value).where(t.c.name == name)).scalar_one()
+        return str(found)
 
     def tenants(self) -> list[str]:
         with self.db.system_tx() as conn:

@@ -88,6 +88,19 @@ def _shrink(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# --- coverage: a check the SDK could not run ---------------------------------------------
+# An Event, not Evidence (nothing failed in the job): kind "state", body COVERAGE_LOST,
+# attrs {"check": "checksums", "since_step": 5, "reason": "…"}; once per check and process.
+COVERAGE_LOST = "sdk_coverage_lost"
+
+
+def coverage_event(check: str, since_step: int, reason: str, **fields: Any) -> Event:
+    """The Event saying that SDK check `check` has not run since step `since_step`, and why;
+    `fields` are Event fields (host, rank, pid, job, ts_ns)."""
+    attrs = {"check": check, "since_step": int(since_step), "reason": reason}
+    return Event(body=COVERAGE_LOST, source="sdk", kind="state", attrs=attrs, **fields)
+
+
 # --- decode --------------------------------------------------------------------------------
 
 

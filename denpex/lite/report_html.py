@@ -75,7 +75,9 @@ def _esc(value: object) -> str:
     return html.escape(clean_text(value), quote=True).replace("://", "&#58;//")
 
 
-def _anchor(evidence_id: object) -> str:
+def evidence_anchor(evidence_id: object) -> str:
+    """The id of an evidence row, which the timeline's markers link to (the control plane's
+    incident page uses it too, beside the same timeline)."""
     return "ev-" + re.sub(r"[^A-Za-z0-9_-]", "_", clean_text(evidence_id))
 
 
@@ -107,7 +109,7 @@ def render_html(diag: dict[str, Any], *, title: str = "denpex diagnosis") -> str
         _section("summary", "Summary", summary),
         _section("findings", "Also failed, independently", _findings(diag.get("findings"))),
         _actions(diag.get("actions")),
-        _section("timeline", "Timeline", _timeline_svg(entries, cause_ids)),
+        _section("timeline", "Timeline", timeline_svg(entries, cause_ids)),
         _section("evidence", "Evidence", _evidence_table(entries, cause_ids)),
         _contributing(diag.get("contributing"), known_ids),
         _section("stats", "Analysis", _stats(stats, diag.get("notes"))),
@@ -243,8 +245,9 @@ def _lane_key(entry: dict[str, Any]) -> tuple[str, int | None]:
     return clean_text(entry.get("host")), rank if isinstance(rank, int) else None
 
 
-def _timeline_svg(entries: list[dict[str, Any]], cause_ids: set[str]) -> str:
-    """Inline SVG: one lane per host/rank, one marker per entry, dashed cause→symptom links."""
+def timeline_svg(entries: list[dict[str, Any]], cause_ids: set[str]) -> str:
+    """Inline SVG: one lane per host/rank, one marker per entry, dashed cause→symptom links.
+    Classes only, no style attributes (the control plane serves it under a strict CSP)."""
     if not entries:
         return '<p class="empty">No evidence lines on the timeline.</p>'
     lanes = sorted(
@@ -308,7 +311,7 @@ def _marker(entry: dict[str, Any], role: str, x: float, y: float, up: bool) -> s
     if role == "cause":
         mark = f'<circle class="halo" cx="{x:.1f}" cy="{y:.1f}" r="15"/>' + mark
     return (
-        f'<a href="#{_anchor(entry.get("id"))}"><title>{_esc(tip)}</title>{mark}'
+        f'<a href="#{evidence_anchor(entry.get("id"))}"><title>{_esc(tip)}</title>{mark}'
         f'<text class="id" x="{x:.1f}" y="{y - 12 if up else y + 21:.1f}" text-anchor="middle">'
         f"{_esc(entry.get('id'))}</text></a>"
     )
@@ -331,7 +334,7 @@ def _evidence_table(entries: list[dict[str, Any]], cause_ids: set[str]) -> str:
                 f"{len(line):,} characters</summary><code>{_esc(line)}</code></details>"
             )
         cells = [
-            f'<a href="#{_anchor(entry.get("id"))}">{_esc(entry.get("id"))}</a>',
+            f'<a href="#{evidence_anchor(entry.get("id"))}">{_esc(entry.get("id"))}</a>',
             f'<span class="mono">{format_clock(entry.get("ts"))}</span>',
             _esc(entry.get("host")),
             _esc(rank) if isinstance(rank, int) else "",
@@ -340,7 +343,7 @@ def _evidence_table(entries: list[dict[str, Any]], cause_ids: set[str]) -> str:
             f'<span class="role r-{role}">{role}</span>',
         ]
         tds = "".join(f"<td>{c}</td>" for c in cells) + f'<td class="line">{shown}</td>'
-        rows.append(f'<tr id="{_anchor(entry.get("id"))}" class="{role}">{tds}</tr>')
+        rows.append(f'<tr id="{evidence_anchor(entry.get("id"))}" class="{role}">{tds}</tr>')
     columns = ("id", "time", "host", "rank", "source", "category", "role", "line")
     return _table(columns, rows) if rows else ""
 
@@ -350,7 +353,8 @@ def _contributing(items: object, known_ids: set[str]) -> str:
     for item in [i for i in items if isinstance(i, dict)] if isinstance(items, list) else []:
         ids = [str(i) for i in item.get("evidence") or []]
         links = ", ".join(
-            f'<a href="#{_anchor(i)}">{_esc(i)}</a>' if i in known_ids else _esc(i) for i in ids
+            f'<a href="#{evidence_anchor(i)}">{_esc(i)}</a>' if i in known_ids else _esc(i)
+            for i in ids
         )
         role = clean_text(item.get("role"))
         cells = [

@@ -22,6 +22,7 @@ from denpex.core.events import Event, Evidence, severity_rank
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, unquote, year_in
 from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn
+from denpex.series.log_watch import LogSeries
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
@@ -102,6 +103,7 @@ class Scanner:
         # the diagnosis says so and never reads as a plain OK
         self.coverage_lost: list[dict[str, Any]] = []
         self._sdk_ids: set[str] = set()
+        self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
         self._splitter_cls = native.load("linesplit").LineSplitter
 
     # -- input ---------------------------------------------------------------------------
@@ -152,6 +154,9 @@ class Scanner:
     def close_all(self) -> None:
         for name in list(self.streams):
             self.close(name)
+        ends = {name: state.last_ts_ns for name, state in self.streams.items()}
+        for item in self.series.finish(ends):
+            self._add_detected(item)
 
     def add_parsed(self, state: StreamState, parsed: ParsedLine) -> None:
         """Scan one already-parsed line (kernel-log records arrive this way)."""
@@ -193,8 +198,10 @@ class Scanner:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
-        if STDERR_PREFIX in self._learn_attribution(state, lines, parsed_at, first_seq):
+        joined = self._learn_attribution(state, lines, parsed_at, first_seq)
+        if STDERR_PREFIX in joined:
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
+        series = self.series.observe(joined, lines, parsed_at, first_seq, arrival_ns, state.name)
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
         best: dict[tuple[int, str], Match] = {}
@@ -205,6 +212,9 @@ class Scanner:
                 kept.signature.severity
             ):
                 best[key] = match
+        for index, found in series:  # a line a signature matched keeps that evidence alone
+            if (index, found.category) not in best:
+                self._add_detected(found)
         matched = sorted(best.values(), key=lambda m: m.line_index)
         numbers = _line_numbers(
             state, data, raw_lines, sorted({m.line_index for m in matched}), continued
@@ -321,6 +331,15 @@ class Scanner:
             seq = self._seq
         event.seq = seq
         event.attrs = {**event.attrs, "sdk_id": item.id, "stream": stream}
+        item.id = f"e{len(self.evidence) + 1}"
+        self.evidence.append(item)
+
+    def _add_detected(self, item: Evidence) -> None:
+        """Evidence of a detector over the log's numbers (denpex.series), numbered here."""
+        self.matches += 1
+        if len(self.evidence) >= MAX_EVIDENCE:
+            self.evidence_dropped += 1
+            return
         item.id = f"e{len(self.evidence) + 1}"
         self.evidence.append(item)
 

@@ -10,4 +10,4 @@ hiddenimports = collect_submodules("denpex")
 datas = collect_data_files(
     "denpex",
     excludes=["**/*.pyx", "**/*.pyi", "**/*.c", "**/*.h", "**/*.inc", "**/__pycache__"],
-) + collect_data_files("denpex", includes=["gpu/nvml/fake.c"])
+) + collect_data_files("denpex", includes=["gpu/nvml/fake.h", "gpu/nvml/fake*.c"])

@@ -27,6 +27,9 @@ from denpex._native import load
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
+from denpex.series.findings import Finding
+from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
+from denpex.series.thresholds import LossRules, with_options
 
 log = logging.getLogger("denpex.sdk.jax")
 _checksum = load("checksum")
@@ -84,6 +87,8 @@ class StepWatch:
         self.last_digest: int | None = None
         self._emit = emit
         self._reported: set[str] = set()
+        loss_rules = with_options(LossRules, options)
+        self._nan, self._spikes = NonFiniteLoss(loss_rules), LossSpikeDetector(loss_rules)
         self.monitor = ProgressMonitor(
             rank=self.rank,
             world_size=jax.process_count(),
@@ -122,11 +127,19 @@ class StepWatch:
         if value is None:
             return None
         loss = float(np.asarray(value))  # waits for the step, like any float(loss)
-        if not math.isfinite(loss):
+        # the same loss rules as dx.watch and the log scanner (denpex.series)
+        episode = self._nan.observe(self.step, loss)
+        found = [nan_finding(episode)] if episode is not None else []
+        spike = self._spikes.observe(self.step, loss) if math.isfinite(loss) else None
+        found += [spike] if spike is not None else []
+        for finding in found:
             self._send_once(
-                f"nan:{self.rank}",
-                "train.nan_loss.value",
-                {"rank": str(self.rank), "step": str(self.step), "loss": str(loss)},
+                f"{finding.signature}:{self.rank}:{finding.captures.get('step')}",
+                Finding(
+                    finding.signature,
+                    captures={"rank": str(self.rank), **finding.captures},
+                    values=finding.values,
+                ),
             )
         return loss
 
@@ -157,19 +170,16 @@ class StepWatch:
             return
         devices = [str(shard.device) for shard in leaf.addressable_shards]
         named = ",".join(devices[i] for i in bad)
-        self._send_once(
-            f"sdc:{index}:{named}",
-            "train.sdc.replica_mismatch",
-            {
-                "rank": str(self.rank),
-                "step": str(self.step),
-                "param": f"leaf{index}",
-                "devices": named,
-                "replicas": str(len(digests)),
-            },
-        )
+        captures = {
+            "rank": str(self.rank),
+            "step": str(self.step),
+            "param": f"leaf{index}",
+            "devices": named,
+            "replicas": str(len(digests)),
+        }
+        self._send_once(f"sdc:{index}:{named}", Finding("train.sdc.replica_mismatch", captures))
 
-    def _send_once(self, key: str, detector_id: str, captures: dict[str, str]) -> None:
+    def _send_once(self, key: str, finding: Finding) -> None:
         if key in self._reported:
             return
         self._reported.add(key)
@@ -182,7 +192,14 @@ class StepWatch:
             rank=self.rank,
             pid=os.getpid(),
         )
-        evidence = detector_evidence(event, detector_id, captures=captures)
+        evidence = detector_evidence(
+            event,
+            finding.signature,
+            captures=finding.captures,
+            values=finding.values,
+            severity=finding.severity,
+            action=finding.action,
+        )
         evidence.id = f"sdk-jax-{self.host}-{os.getpid()}-{key}"
         event.body = evidence.summary
         try:

@@ -23,7 +23,8 @@ from denpex.core.taxonomy import load_taxonomy
 from denpex.gpu.nvml.xid import default_table
 
 REPO = Path(__file__).resolve().parents[2]
-# where detector evidence is built: the collectors, the agent, the wrapper, the SDK
+# where detector evidence is built: the collectors, the agent, the wrapper, the SDK and the
+# training-series detectors it shares with the log scanner
 EMITTERS = (
     "denpex/host",
     "denpex/gpu",
@@ -31,6 +32,7 @@ EMITTERS = (
     "denpex/agent",
     "denpex/lite",
     "denpex/diagnosis",
+    "denpex/series",
     "sdk",
 )
 # calls whose argument at this position (or keyword) is a detector id

@@ -1,11 +1,11 @@
-"""The DCGM collector against a fake libdcgm built from tests/fakes/dcgm (real ctypes calls,
-real struct versions: a layout out of shape makes the fake answer DCGM_ST_VER_MISMATCH)."""
+"""The DCGM collector against a fake libdcgm built from tests/fakes/dcgm once per DCGM major
+version (real ctypes calls, real struct versions: a layout out of shape, or a struct version
+that major refuses, makes the fake answer DCGM_ST_VER_MISMATCH as DCGM does)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,12 +19,21 @@ from denpex.core.detectors import detector
 from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import Evidence
 from denpex.core.roots import Roots
-from denpex.gpu.dcgm.api import DcgmError, DcgmSession, load_library
+from denpex.gpu.dcgm.api import DcgmError, DcgmSession, library_major, load_library
 from denpex.gpu.dcgm.collector import HEALTH_DETECTORS, NOT_FOUND, DcgmCollector, run_diagnostics
-from denpex.gpu.dcgm.layouts import FIELD_VALUE_VERSION1, HEALTH_SYSTEMS, FieldValueV1
+from denpex.gpu.dcgm.layouts import (
+    FIELD_VALUE_VERSION1,
+    HEALTH_RESPONSE_VERSION4,
+    HEALTH_RESPONSE_VERSION5,
+    HEALTH_SYSTEMS,
+    FieldValueV1,
+    HealthResponseV4,
+    HealthResponseV5,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIO = """\
+value 0 1 s 550.54.15
 value 0 50 s NVIDIA H100 80GB HBM3
 value 0 54 s GPU-0b7e1c4a-0000-0000-0000-000000000000
 value 0 57 s 00000000:3B:00.0
@@ -43,13 +52,8 @@ NVLINK_FAIL = "incident 2 20 1 17 NVLink link 3 down\n"
 
 
 @pytest.fixture(scope="module")
-def fake_dcgm(tmp_path_factory) -> Path:
-    if not shutil.which("gcc"):
-        pytest.skip("needs gcc to build the fake libdcgm")
-    out = tmp_path_factory.mktemp("fake_dcgm") / "libdcgm.so.4"
-    source = REPO / "tests" / "fakes" / "dcgm" / "fake_dcgm.c"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(source)], check=True)
-    return out
+def fake_dcgm(fake_dcgms) -> Path:
+    return fake_dcgms[4]
 
 
 @pytest.fixture
@@ -89,7 +93,9 @@ def test_fields_become_dcgm_exporter_metrics(fake_dcgm, scenario) -> None:
     assert sm["UUID"] == "GPU-0b7e1c4a-0000-0000-0000-000000000000"
     assert sm["pci_bus_id"] == "00000000:3B:00.0"
     assert sm["modelName"] == "NVIDIA H100 80GB HBM3"
-    assert sm["device"] == "nvidia4" and sm["Hostname"] == "node7"
+    # device is nvidia<DCGM gpu id> (dcgm-exporter), not the minor number; the driver a label
+    assert sm["device"] == "nvidia0" and sm["Hostname"] == "node7"
+    assert sm["DCGM_FI_DRIVER_VERSION"] == "550.54.15"
     assert found[("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0")]["value"] == 0.25
     assert found[("DCGM_FI_PROF_DRAM_ACTIVE", "0")]["value"] == 0.5
     assert found[("DCGM_FI_PROF_PCIE_TX_BYTES", "0")]["value"] == 123456
@@ -239,3 +245,127 @@ def test_library_found_by_soname_on_the_loader_path(fake_dcgm, scenario) -> None
     )
     assert done.returncode == 0, done.stderr
     assert "DCGM_FI_PROF_SM_ACTIVE" in done.stdout
+
+
+@pytest.mark.parametrize("major", [3, 4])
+def test_each_major_version_refuses_the_other_health_response(fake_dcgms, scenario, major) -> None:
+    """The fake answers as DCGM does: 3.x accepts only dcgmHealthResponse_v4, 4.x only v5."""
+    session = DcgmSession(load_library(str(fake_dcgms[major])))
+    try:
+        group = session.create_group("t", [0])
+        v4 = HealthResponseV4(version=HEALTH_RESPONSE_VERSION4)
+        v5 = HealthResponseV5(version=HEALTH_RESPONSE_VERSION5)
+        rc4 = session.lib.dcgmHealthCheck(session.handle, group, ctypes.byref(v4))
+        rc5 = session.lib.dcgmHealthCheck(session.handle, group, ctypes.byref(v5))
+    finally:
+        session.close()
+    ok, mismatch = 0, -12  # DCGM_ST_OK, DCGM_ST_VER_MISMATCH
+    assert (rc4, rc5) == ((ok, mismatch) if major == 3 else (mismatch, ok))
+
+
+@pytest.mark.parametrize("major", [3, 4])
+def test_health_checks_work_on_each_major_version(fake_dcgms, scenario, major) -> None:
+    scenario.write_text(SCENARIO + PCIE_WARN)
+    collector = make_collector(fake_dcgms[major])
+    try:
+        found = [e for e in poll(collector) if isinstance(e, Evidence)]
+        blind = collector.degraded()
+    finally:
+        collector.close()
+    assert blind is None
+    assert [(e.category, e.captures["entity"]) for e in found] == [("host.pcie_error", "gpu:0")]
+
+
+def test_library_major_version_from_version_info_else_soname(fake_dcgms) -> None:
+    assert library_major(load_library(str(fake_dcgms[3]))) == 3
+    assert library_major(load_library(str(fake_dcgms[4]))) == 4
+
+    class NoVersionInfo:  # a DCGM without dcgmVersionInfo: the soname decides
+        pass
+
+    assert library_major(NoVersionInfo(), "libdcgm.so.4") == 4  # type: ignore[arg-type]
+    assert library_major(NoVersionInfo(), "/opt/dcgm/libdcgm.so") is None  # type: ignore[arg-type]
+
+
+SWITCHES = "switches 2\nconnectx 1\n"
+SWITCH_FATAL = "incident 2048 20 switch:1 12 NvSwitch 1 fatal error on port 7\n"
+SWITCH_ON_A_GPU = "incident 1024 10 0 12 not evaluated for a GPU entity\n"
+CONNECTX_FAIL = "incident 4096 20 cx:0 101 ConnectX entity Id:0 uncorrectable fatal errors: 0x10\n"
+
+
+def test_nvswitch_and_connectx_incidents_come_from_their_own_entities(fake_dcgm, scenario) -> None:
+    scenario.write_text(SCENARIO + SWITCHES + SWITCH_FATAL + SWITCH_ON_A_GPU + CONNECTX_FAIL)
+    collector = make_collector(fake_dcgm)
+    try:
+        found = [e for e in poll(collector) if isinstance(e, Evidence)]
+    finally:
+        collector.close()
+    by_id = {e.signature: e for e in found}
+    assert set(by_id) == {
+        "gpu.nvlink.dcgm_health_nvswitch_fatal",
+        "net.link_down.dcgm_health_connectx",
+    }
+    switch = by_id["gpu.nvlink.dcgm_health_nvswitch_fatal"]
+    assert switch.captures["entity"] == "switch:1" and switch.captures["gpu"] == ""
+    assert switch.action == "drain_node" and "switch:1" in switch.summary
+    connectx = by_id["net.link_down.dcgm_health_connectx"]
+    assert connectx.captures["entity"] == "connectx:0" and connectx.severity == "error"
+
+
+def test_dcgm3_has_no_connectx_entities_and_still_watches_switches(fake_dcgms, scenario) -> None:
+    scenario.write_text(SCENARIO + SWITCHES + SWITCH_FATAL + CONNECTX_FAIL)
+    collector = make_collector(fake_dcgms[3])
+    try:
+        found = [e for e in poll(collector) if isinstance(e, Evidence)]
+        blind = collector.degraded()
+    finally:
+        collector.close()
+    assert blind is None
+    assert [e.signature for e in found] == ["gpu.nvlink.dcgm_health_nvswitch_fatal"]
+
+
+@pytest.mark.parametrize(
+    "code, health, action",
+    # DcgmHealthWatch.cpp (4.5): reset and reboot fail, the two drains warn
+    [
+        (125, 20, "reset_gpu"),
+        (126, 20, "drain_node"),
+        (127, 10, "drain_node"),
+        (128, 10, "reset_gpu"),
+    ],
+)
+def test_driver_watch_reports_the_gpu_recovery_action(
+    fake_dcgm, scenario, code, health, action
+) -> None:
+    """Since DCGM 4.5 the driver watch carries the recovery action, not a driver mismatch."""
+    line = f"incident 512 {health} 1 {code} GPU 1 requires a reset to recover from a fault.\n"
+    scenario.write_text(SCENARIO + line)
+    collector = make_collector(fake_dcgm)
+    try:
+        (found,) = [e for e in poll(collector) if isinstance(e, Evidence)]
+    finally:
+        collector.close()
+    assert found.signature == "gpu.reset_required.dcgm_recovery_action"
+    assert found.category == "gpu.reset_required" and found.action == action
+
+
+def test_other_driver_incidents_stay_driver_trouble(fake_dcgm, scenario) -> None:
+    scenario.write_text(SCENARIO + "incident 512 10 0 3 Driver version mismatch\n")
+    collector = make_collector(fake_dcgm)
+    try:
+        (found,) = [e for e in poll(collector) if isinstance(e, Evidence)]
+    finally:
+        collector.close()
+    assert found.signature == "gpu.driver_mismatch.dcgm_health_driver"
+
+
+def test_xid_field_carries_dcgm_exporters_err_code_and_err_msg(fake_dcgm, scenario) -> None:
+    scenario.write_text(SCENARIO + "value 0 230 i 79\n")
+    collector = make_collector(fake_dcgm)
+    try:
+        found = metrics(poll(collector))
+    finally:
+        collector.close()
+    xid = found[("DCGM_FI_DEV_XID_ERRORS", "0")]
+    assert xid["value"] == 79 and xid["err_code"] == "79"
+    assert xid["err_msg"] == "GPU has fallen off the bus"

@@ -8,6 +8,8 @@ hashing threads.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from array import array
 
 import pytest
@@ -73,6 +75,52 @@ def test_identical_to_xxhash(seed, hash_seed):
         assert module.xxh3_128(buffers[5], hash_seed) == want128[5]
         for threads in (None, 1, 3):
             check_many(module, buffers, hash_seed, threads)
+
+
+# every length class of XXH3 and the edges between them: 0, 1-3, 4-8, 9-16, 17-128 (each
+# 32-byte round), 129-240, then stripes (64 bytes) and blocks (1024 bytes) of the long path
+BOUNDARIES = sorted(
+    {*range(0, 34), 47, 48, 49, 63, 64, 65, 95, 96, 97, 127, 128, 129, 130, 143, 144, 145}
+    | {159, 160, 161, 191, 192, 193, 223, 224, 225, 239, 240, 241, 242, 255, 256, 257, 319, 320}
+    | {1023, 1024, 1025, 1087, 1088, 1089, 2047, 2048, 2049, 3072, 3073, 16383, 16384, 16385}
+)
+
+
+@pytest.mark.parametrize("hash_seed", [0, 1, 0x9E3779B1, 2**63, 2**64 - 1])
+def test_reference_equals_xxhash_at_every_length_boundary(hash_seed):
+    rng = random.Random(hash_seed ^ 20261130)
+    print("seed", hash_seed ^ 20261130)
+    for size in BOUNDARIES:
+        data = rng.randbytes(size)
+        assert checksum_ref.xxh3_64(data, hash_seed) == xxhash.xxh3_64_intdigest(
+            data, seed=hash_seed
+        ), size
+        assert checksum_ref.xxh3_128(data, hash_seed) == xxhash.xxh3_128_intdigest(
+            data, seed=hash_seed
+        ), size
+
+
+def test_reference_needs_no_xxhash_package():
+    # the pure-Python twin is the fallback where the compiled module is not built: it must
+    # not lean on the `xxhash` package, which is only a test extra
+    data = bytes(range(256)) * 9 + b"tail"
+    want = [xxhash.xxh3_64_intdigest(data, seed=5), xxhash.xxh3_128_intdigest(data, seed=5)]
+    code = (
+        "import sys; sys.modules['xxhash'] = None\n"
+        "from denpex._native import checksum_ref as c\n"
+        "data = bytes(range(256)) * 9 + b'tail'\n"
+        "print(c.xxh3_64(data, 5), c.xxh3_128(data, 5))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert [int(v) for v in out.stdout.split()] == want
+
+
+def test_reference_refuses_a_seed_out_of_range():
+    with pytest.raises(OverflowError):
+        checksum_ref.xxh3_64(b"x", 2**64)
+    with pytest.raises(OverflowError):
+        checksum_ref.xxh3_128_many([b"x"], -1)
 
 
 def as_kind(data: bytes, kind: int):

@@ -1,72 +1,10 @@
-"""Health detectors: median/MAD loss spikes, loss-scale collapse, the first module with a
-non-finite output, per-layer norms."""
+"""Per-layer health: the first module with a non-finite output, per-layer norms, and gradient
+norms taken where the gradients exist whatever the order of zero_grad() and guard.step().
+(The loss rules are denpex.series', tested in tests/series.)"""
 
 from __future__ import annotations
 
-import math
-import random
-
 import pytest
-
-from denpex.sdk.health import LossScaleTracker, LossSpikeDetector, robust_z
-
-
-def test_robust_z_ignores_outliers_in_the_history():
-    history = [1.0, 1.1, 0.9, 1.0, 50.0, 1.05, 0.95]
-    assert robust_z(history, 1.0) == pytest.approx(0.0, abs=1e-9)
-    assert robust_z(history, 3.0) > 10
-    assert math.isfinite(robust_z([2.0] * 30, 2.001))  # flat history: no division by zero
-
-
-def test_noisy_decreasing_loss_gives_no_spike_and_a_jump_gives_one():
-    seed = 11
-    print("seed", seed)
-    rng = random.Random(seed)
-    detector = LossSpikeDetector(window=100, min_history=20, threshold=10.0)
-    found = []
-    for step in range(1, 1001):
-        loss = 3.0 * math.exp(-step / 400) + rng.gauss(0, 0.05)
-        if step == 900:
-            loss = 10.0
-        finding = detector.observe(step, loss)
-        if finding:
-            found.append(finding)
-    assert [f.captures["step"] for f in found] == ["900"]
-    assert found[0].category == "train.loss_spike"
-    assert found[0].signature == "train.loss_spike.robust_z"
-
-
-def test_nan_loss_is_not_a_spike_and_does_not_enter_the_history():
-    detector = LossSpikeDetector(min_history=2)
-    assert detector.observe(1, float("nan")) is None
-    assert len(detector.history) == 0
-
-
-def test_repeated_loss_scale_halving_is_reported_once():
-    tracker = LossScaleTracker(halvings=4, window=100, floor=1.0)
-    scale, found = 65536.0, []
-    for step in range(1, 60):
-        if step % 5 == 0:
-            scale /= 2  # an overflow every 5 steps, never recovering
-        finding = tracker.observe(step, scale)
-        if finding:
-            found.append(finding)
-    assert len(found) == 1
-    assert found[0].category == "train.grad_overflow"
-    assert found[0].captures["step"] == "20"
-
-
-def test_occasional_overflow_with_growth_is_healthy_and_a_floor_collapse_is_not():
-    tracker = LossScaleTracker(halvings=4, window=100, floor=1.0)
-    scale = 2.0**16
-    for step in range(1, 2001):
-        if step % 300 == 0:
-            scale /= 2  # GradScaler: an occasional overflow ...
-        elif step % 250 == 0:
-            scale *= 2  # ... and growth after a quiet interval
-        assert tracker.observe(step, scale) is None
-    assert tracker.observe(2001, 0.5) is not None  # below the floor at once
-
 
 torch = pytest.importorskip("torch", reason="module hooks and norms need torch")
 
@@ -115,3 +53,77 @@ def test_layer_norms_match_a_direct_computation():
     base = torch.cat([b.flatten() for b in before])
     assert float(ratio[1]) == pytest.approx(float(delta.norm() / base.norm()), rel=1e-4)
     assert total > 0 and norms.update_ratio() is None  # the snapshot is used once
+
+
+def train_steps(model, optimizer, guard, steps, *, zero_grad_first: bool) -> None:
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(steps):
+        x = torch.randn(8, 4, generator=gen)
+        loss = model(x).square().mean()
+        if zero_grad_first:  # the common order: zero_grad, backward, step, guard.step
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        else:  # the order the README once showed: zero_grad right before guard.step
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        guard.step(loss=loss)
+
+
+def grad_norms(got) -> list[float]:
+    return [m.attrs["value"] for m in got if getattr(m, "body", "") == "sdk_grad_l2_norm"]
+
+
+@pytest.mark.parametrize("zero_grad_first", [True, False])
+def test_grad_norms_survive_either_zero_grad_order(zero_grad_first):
+    import denpex.sdk as dx
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got: list = []
+    guard = dx.watch(model, optimizer, every=5, emit=got.append, progress=False)
+    train_steps(model, optimizer, guard, 20, zero_grad_first=zero_grad_first)
+    guard.close()
+    norms = grad_norms(got)
+    assert len(norms) == 4 and all(n > 0 for n in norms), norms
+
+
+def test_grad_norms_equal_the_gradients_the_optimizer_saw():
+    import denpex.sdk as dx
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[float] = []
+    optimizer.register_step_pre_hook(
+        lambda opt, a, k: seen.append(
+            float(torch.cat([p.grad.flatten() for p in model.parameters()]).norm())
+        )
+    )
+    got: list = []
+    guard = dx.watch(model, optimizer, every=3, emit=got.append, progress=False)
+    train_steps(model, optimizer, guard, 6, zero_grad_first=False)
+    guard.close()
+    assert grad_norms(got) == pytest.approx([seen[2], seen[5]], rel=1e-5)
+
+
+def test_without_an_optimizer_backward_hooks_take_the_norms_on_sampled_steps_only():
+    import denpex.sdk as dx
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    got: list = []
+    guard = dx.watch(model, every=2, emit=got.append, progress=False)
+    hooked = []
+    for _ in range(6):
+        hooked.append(bool(guard.norms._grad_hooks))
+        model(torch.randn(3, 4)).sum().backward()
+        for p in model.parameters():
+            p.grad = None  # a loop that clears gradients before guard.step()
+        guard.step(loss=1.0)
+    guard.close()
+    assert hooked == [False, True, False, True, False, True]  # armed for steps 2, 4, 6
+    assert len(grad_norms(got)) == 3 and all(n > 0 for n in grad_norms(got))
+    assert not guard.norms._grad_hooks  # close removes them

@@ -16,7 +16,14 @@ import orjson
 
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
-from denpex.sdk.progress_rules import PeerView, Thresholds, find_stragglers, judge_hang
+from denpex.series.progress import PeerView, deadline_of, find_stragglers, judge_hang
+from denpex.series.thresholds import ProgressRules, with_options
+
+
+def Thresholds(**overrides: float) -> ProgressRules:
+    """The shipped progress thresholds with `overrides`."""
+    return with_options(ProgressRules, overrides)
+
 
 CHILD = Path(__file__).parent / "children" / "progress_job.py"
 FLOOR_S = 3.0
@@ -56,13 +63,14 @@ def view(
 
 def test_deadline_is_the_larger_of_twice_the_median_and_the_floor() -> None:
     th = Thresholds(hang_floor_s=5.0, hang_startup_s=50.0)
-    assert th.deadline([view(0, interval=1.0), view(1, interval=4.0), view(2, interval=4.0)]) == 8.0
-    assert th.deadline([view(0, interval=0.1)]) == 5.0
-    assert th.deadline([view(0, interval=None)]) == 50.0  # no step time yet: start-up
+    views = [view(0, interval=1.0), view(1, interval=4.0), view(2, interval=4.0)]
+    assert deadline_of(views, th) == 8.0
+    assert deadline_of([view(0, interval=0.1)], th) == 5.0
+    assert deadline_of([view(0, interval=None)], th) == 50.0  # no step time yet: start-up
 
 
 def test_options_keep_only_known_thresholds() -> None:
-    th = Thresholds.from_options({"hang_floor_s": "7", "straggler_window": 5.0, "every": 50})
+    th = ProgressRules.from_options({"hang_floor_s": "7", "straggler_window": 5.0, "every": 50})
     assert th.hang_floor_s == 7.0 and th.straggler_window == 5 and th.straggler_ratio == 1.10
 
 
@@ -149,16 +157,93 @@ def test_single_process_stall_is_reported_and_close_stops_the_watchdog() -> None
 
 
 def test_emit_failures_never_reach_training() -> None:
-    def broken(_item: object) -> None:
+    attempts: list[object] = []
+
+    def broken(item: object) -> None:
+        attempts.append(item)
         raise RuntimeError("transport down")
 
     monitor = ProgressMonitor(
         emit=broken, options={"hang_floor_s": 0.2, "watchdog_interval_s": 0.05}
     )
-    monitor.on_step(1, None, None)
-    time.sleep(0.5)
+    monitor.on_step(1, None, None)  # then the training thread stalls: a hang to report
+    deadline = time.monotonic() + 5
+    while not attempts and time.monotonic() < deadline:
+        time.sleep(0.02)
+    beats_at_failure = monitor._beat
+    time.sleep(0.3)
+    monitor.on_step(2, None, None)  # the training thread still works after the failure
     monitor.close()
     monitor.close()  # twice is fine
+    assert attempts and isinstance(attempts[0], Evidence)
+    assert attempts[0].category == "train.hang"  # the report was tried and failed ...
+    assert monitor._beat > beats_at_failure  # ... and the watchdog went on beating
+    assert not monitor._thread.is_alive()
+
+
+def test_frames_of_user_code_in_a_folder_named_denpex_are_named(tmp_path: Path) -> None:
+    # a clone of the repository keeps its code under `denpex/` (the default of git clone);
+    # only the installed package's own frames are skipped, not every path holding `denpex/`
+    from denpex.sdk.progress import _main_thread_place
+
+    script = tmp_path / "denpex" / "examples" / "train_loop.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("def train_step(ready, release):\n    ready.set()\n    release.wait(10)\n")
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    ready, release = threading.Event(), threading.Event()
+    worker = threading.Thread(target=namespace["train_step"], args=(ready, release))
+    worker.start()
+    try:
+        assert ready.wait(10)
+        where, place = _main_thread_place(worker.ident or 0)
+    finally:
+        release.set()
+        worker.join()
+    assert where == "compute"
+    assert place == "train_loop.py:3 train_step"
+
+
+def test_a_world_without_a_store_says_hangs_of_other_ranks_are_not_watched() -> None:
+    got: list = []
+    monitor = ProgressMonitor(
+        rank=1, world_size=4, emit=got.append, options={"watchdog_interval_s": 0.05}
+    )
+    time.sleep(0.2)
+    monitor.close()
+    (lost,) = [e for e in got if isinstance(e, Event) and e.body == "sdk_coverage_lost"]
+    assert lost.attrs["check"] == "progress" and lost.rank == 1
+    assert "not initialized" in lost.attrs["reason"]
+
+
+class StoppedStore:
+    """A Store whose server went away: every call fails as TCPStore's client does."""
+
+    def set(self, key: str, value: bytes) -> None:
+        raise RuntimeError("Connection reset by peer")
+
+    def check(self, keys: list[str]) -> bool:
+        raise RuntimeError("Connection reset by peer")
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        raise RuntimeError("Connection reset by peer")
+
+
+def test_a_store_that_stops_answering_is_reported_as_lost_coverage_once() -> None:
+    got: list = []
+    monitor = ProgressMonitor(
+        rank=0,
+        world_size=2,
+        emit=got.append,
+        options={"store": StoppedStore(), "watchdog_interval_s": 0.1, "store_failures_lost": 3},
+    )
+    for step in range(1, 4):  # before the first tick, 0.1 s away
+        monitor.on_step(step, None, None)
+    time.sleep(0.8)
+    monitor.close()
+    lost = [e for e in got if isinstance(e, Event) and e.body == "sdk_coverage_lost"]
+    assert len(lost) == 1 and lost[0].attrs["check"] == "progress"
+    assert lost[0].attrs["since_step"] == 3 and "Connection reset" in lost[0].attrs["reason"]
 
 
 # --- real distributed jobs ----------------------------------------------------------------
@@ -350,3 +435,29 @@ def test_store_host_stopped_is_named_from_a_rank_that_cannot_reach_it() -> None:
     found = [e for e in got if isinstance(e, Evidence)]
     assert found and found[0].signature == "train.hang.store_unreachable", got
     assert found[0].event.rank == 0 and found[0].captures["reporter_rank"] == "1"
+
+
+def test_the_lowest_rank_reports_a_job_that_slows_down_against_its_own_pace() -> None:
+    got: list = []
+    monitor = ProgressMonitor(
+        rank=0,
+        world_size=1,
+        emit=got.append,
+        options={
+            "watchdog_interval_s": 0.02,
+            "straggler_window": 4,  # the step time is the median of the last 4 steps
+            "throughput_warmup": 1,
+            "throughput_baseline": 4,
+            "throughput_recent": 3,
+            "hang_floor_s": 60,
+        },
+    )
+    for step in range(1, 121):
+        time.sleep(0.005 if step <= 60 else 0.03)  # steps become 6 times slower
+        monitor.on_step(step, None, None)
+    monitor.close()
+    drops = [e for e in got if isinstance(e, Evidence) and e.category == "train.straggler"]
+    assert len(drops) == 1, got
+    assert drops[0].signature == "train.straggler.throughput_drop"
+    assert drops[0].summary.startswith("the job slowed down") and drops[0].event.rank == 0
+    assert int(drops[0].captures["step"]) > 60

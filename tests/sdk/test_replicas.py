@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,13 +40,14 @@ def test_buckets_cover_every_tensor_once():
     assert len(slot_digests(list(range(10)), 4)) == 4
 
 
-def run_job(tmp_path: Path, *args: str) -> dict[int, list[dict]]:
+def run_job(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict[int, list[dict]]:
     pytest.importorskip("torch", reason="DDP replica tests need torch")
     proc = subprocess.run(
         [sys.executable, str(CHILD), str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=600,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {}
@@ -74,6 +76,23 @@ def test_bit_flip_on_one_of_four_ranks_is_named_within_one_check(tmp_path):
     assert evidence["captures"]["rank"] == "2" and evidence["captures"]["host"]
     assert int(evidence["captures"]["step"]) == 10  # the first check after the flip at step 7
     assert evidence["severity"] == "critical" and evidence["action"] == "drain_node"
+
+
+def test_without_xxhash_or_the_compiled_module_a_flip_is_still_caught(tmp_path):
+    # the pure-Python XXH3 is a real fallback: no `xxhash` package (a test extra), no numpy
+    # byte views, no compiled module
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "xxhash.py").write_text("raise ImportError('xxhash is not installed here')\n")
+    env = {**os.environ, "DENPEX_NO_EXTENSIONS": "1", "PYTHONPATH": str(blocked)}
+    found = run_job(
+        tmp_path, "--ranks", "3", "--steps", "10", "--check-every", "5",
+        "--flip-rank", "1", "--flip-step", "6", env=env,
+    )  # fmt: skip
+    assert sdc(found[0]) == sdc(found[2]) == []
+    (evidence,) = sdc(found[1])
+    assert evidence["captures"]["param"] == "net.2.weight"
+    assert int(evidence["captures"]["step"]) == 10
 
 
 @pytest.mark.slow

@@ -94,3 +94,29 @@ def test_bit_flip_in_one_ddp_rank_is_caught_by_watch(tmp_path: Path) -> None:
     root = report["root_cause"]
     assert root["category"] == "train.sdc", stderr
     assert root["rank"] == 2, stderr
+
+
+@pytest.mark.slow
+def test_a_bit_flip_on_a_job_that_exits_0_reaches_the_report(tmp_path: Path) -> None:
+    # two replicas: they disagree and no majority can name the corrupted one (replica_split)
+    pytest.importorskip("torch", reason="the DDP job needs PyTorch")
+    code, report, stderr = denpex_run(
+        tmp_path, sys.executable, str(CHILDREN / "run_ddp_bitflip.py"),
+        "--ranks", "2", "--flip-rank", "1", "--exit-code", "0",
+    )  # fmt: skip
+    assert code == 0, stderr  # denpex exits with the job's status
+    assert report["exit"]["code"] == 0
+    sdc = [row for row in report["timeline"] if row["category"] == "train.sdc"]
+    assert sdc and sdc[0]["signature"] == "train.sdc.replica_split", stderr
+
+
+@pytest.mark.slow
+def test_a_bit_flip_on_a_job_that_exits_0_fails_the_run(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the DDP job needs PyTorch")
+    code, report, _ = denpex_run(
+        tmp_path, sys.executable, str(CHILDREN / "run_ddp_bitflip.py"),
+        "--ranks", "2", "--flip-rank", "1", "--exit-code", "0",
+    )  # fmt: skip
+    assert code == 0 and report["exit"]["code"] == 0
+    assert report["status"] == "failed", report["summary"]
+    assert report["root_cause"]["category"] == "train.sdc", report["summary"]

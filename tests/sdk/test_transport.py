@@ -186,3 +186,34 @@ def test_emit_cost_stays_small(count: int, tmp_path: Path) -> None:
     finally:
         transport.close(0.5)
         listener.close()
+
+
+def test_on_stderr_metrics_are_not_written_and_findings_are(tmp_path: Path) -> None:
+    from denpex.core.events import metric
+
+    read_end, write_end = os.pipe()
+    transport = Transport(None, stderr_fd=write_end)
+    for step in range(50):
+        transport.emit(metric("sdk_loss", 2.0 - step / 100, source="sdk"))
+    transport.emit(evidence(1))
+    transport.close()
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        lines = pipe.read().splitlines()
+    assert len(lines) == 1 and decode_message(stderr_payload(lines[0]) or b"").id == "t-1"
+    assert transport.suppressed == 50 and transport.dropped == 0
+
+
+def test_metrics_queued_for_a_socket_that_never_answers_stay_out_of_the_log(tmp_path: Path) -> None:
+    from denpex.core.events import metric
+
+    read_end, write_end = os.pipe()
+    transport = Transport(str(tmp_path / "gone.sock"), stderr_fd=write_end)
+    transport.emit(metric("sdk_loss", 1.0, source="sdk"))
+    transport.emit(evidence(2))
+    transport.close(timeout=0.2)  # unreachable: the log is the last place for the finding
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        lines = pipe.read().splitlines()
+    assert [decode_message(stderr_payload(line) or b"").id for line in lines] == ["t-2"]
+    assert transport.suppressed == 1

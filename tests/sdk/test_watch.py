@@ -3,6 +3,7 @@ collapse, bounded metrics, and a Guard that never raises into the training loop.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -112,6 +113,7 @@ def test_cpu_defaults_hook_modules_only_for_the_forward_of_a_sampled_step():
 
 
 def test_loss_spike_and_loss_scale_collapse():
+    # past warm-up (loss_warmup_steps, scale_warmup_steps: 100 steps by default)
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -119,15 +121,47 @@ def test_loss_spike_and_loss_scale_collapse():
     guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False)
 
     def scales(step):
-        return 2.0 ** (16 - max(0, step - 50) // 3)  # halving every 3 steps after step 50
+        return 2.0 ** (16 - max(0, step - 150) // 3)  # halving every 3 steps after step 150
 
-    train(guard, model, optimizer, 80, spike_at=40, scales=scales)
+    train(guard, model, optimizer, 180, spike_at=140, scales=scales)
     guard.close()
     (spike,) = evidence(got, "train.loss_spike")
-    assert spike.captures["step"] == "40"
+    assert spike.captures["step"] == "140" and spike.severity == "warning"
     (overflow,) = evidence(got, "train.grad_overflow")
     assert overflow.signature == "train.grad_overflow.loss_scale_collapse"
+    assert overflow.captures["step"] == "168"  # the sixth halving after warm-up
     assert evidence(got, "train.nan_loss") == evidence(got, "train.sdc") == []
+
+
+def test_a_recovering_warm_up_spike_and_calibration_overflows_are_not_failures():
+    # fp16 scalers start high and halve down (DeepSpeed, Megatron: 2**32) and a warm-up loss
+    # can jump once: neither is reported
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False)
+
+    def scales(step):
+        return 2.0 ** max(16, 32 - step)  # 16 halvings in the first 16 steps, then steady
+
+    train(guard, model, optimizer, 120, spike_at=30, scales=scales)
+    guard.close()
+    assert [e for e in got if isinstance(e, Evidence)] == []
+
+
+def test_a_diverging_loss_is_a_failure():
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=10, emit=got.append, progress=False)
+    for step in range(1, 61):
+        guard.step(loss=2.0 + 0.01 * (step % 5) if step < 40 else 50.0 * step)
+    guard.close()
+    (diverged,) = [e for e in evidence(got, "train.loss_spike") if e.severity == "error"]
+    assert diverged.signature == "train.loss_spike.divergence"
+    assert diverged.captures["step"] == "40" and diverged.captures["last_step"] == "44"
 
 
 def test_metrics_only_on_sampled_steps_and_bounded():
@@ -185,3 +219,99 @@ def test_a_misspelt_option_is_refused_with_the_known_ones():
     with pytest.raises(ValueError, match="nan_scan='sometimes'"):
         dx.watch(model, nan_scan="sometimes")
     dx.watch(model, progress=False, hang_floor_s=5.0, spike_window=50).close()  # known ones pass
+
+
+# --- coverage: a check that cannot run says so, once ---------------------------------------
+
+
+def coverage(items):
+    return [e for e in items if not isinstance(e, Evidence) and e.body == "sdk_coverage_lost"]
+
+
+def test_failing_checksums_are_reported_as_lost_coverage_once(monkeypatch, capsys):
+    from denpex.sdk.checksums import TensorSet
+
+    def no_numpy(self):
+        raise RuntimeError("Numpy is not available")  # what a torch without numpy said
+
+    monkeypatch.setattr(TensorSet, "digest_now", no_numpy)
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    got = []
+    guard = dx.watch(model, optimizer, every=5, emit=got.append, progress=False)
+    train(guard, model, optimizer, 40)
+    guard.close()
+    (lost,) = coverage(got)
+    assert lost.kind == "state" and lost.source == "sdk" and lost.rank == 0
+    assert lost.attrs["check"] == "checksums" and lost.attrs["since_step"] == 5
+    assert "Numpy is not available" in lost.attrs["reason"]
+    assert "checksums" in guard.disabled
+    assert capsys.readouterr().err.count("denpex.sdk: checksums failed") == 1
+
+
+def test_a_world_without_a_process_group_loses_replica_coverage(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "2")
+    got = []
+    guard = dx.watch(Net(), emit=got.append, progress=False)
+    guard.close()
+    (lost,) = coverage(got)
+    assert lost.attrs["check"] == "replicas" and lost.attrs["since_step"] == 0
+    assert lost.rank == 2 and "init_process_group" in lost.attrs["reason"]
+
+
+def test_the_pure_python_checksum_is_not_used_on_a_model_it_would_slow_down(monkeypatch):
+    import denpex._native as native
+
+    monkeypatch.setattr(native, "backend", lambda name: "reference")
+    got = []
+    model = torch.nn.Linear(256, 64)  # 66 KB of parameters
+    guard = dx.watch(model, emit=got.append, progress=False, reference_checksum_max_bytes=1024)
+    guard.close()
+    (lost,) = coverage(got)
+    assert lost.attrs["check"] == "checksums" and "pure-Python XXH3" in lost.attrs["reason"]
+    assert {"checksums", "integrity"} <= guard.disabled
+    small = dx.watch(model, emit=got.append, progress=False)  # under the default limit
+    assert "checksums" not in small.disabled
+    small.close()
+
+
+def test_coverage_notes_reach_the_report_and_no_plain_ok_is_printed():
+    from denpex.catalog import load_catalog
+    from denpex.core.sdk_wire import coverage_event, stderr_line
+    from denpex.lite.report_text import render_text
+    from denpex.lite.session import LiteSession, ReportOptions
+
+    session = LiteSession(load_catalog(), ReportOptions(text=False))
+    line = stderr_line(coverage_event("checksums", 5, "RuntimeError: Numpy is not available"))
+    session.scanner.feed("stderr", b"[rank1]:" + line + b"[rank1]:" + line)
+    diag = session.conclude(0, None).to_dict()
+    assert diag["status"] == "ok"
+    note = "checksums off since step 5 on rank 1: RuntimeError: Numpy is not available"
+    assert diag["notes"] == [note]  # the SDK's event as the scanner reads it, once
+    assert [c["check"] for c in diag["coverage_lost"]] == ["checksums"]
+    text = render_text(diag, color=False, width=100)
+    assert "OK" not in text and note in text
+
+
+def test_without_a_wrapper_a_healthy_run_prints_no_sdk_lines(tmp_path):
+    code = (
+        "import torch, denpex.sdk as dx\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(8, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "guard = dx.watch(model, opt, every=5)\n"
+        "for step in range(100):\n"
+        "    loss = model(torch.randn(4, 8)).square().mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step(); guard.step(loss=loss)\n"
+        "guard.step(loss=float('nan'))\n"
+        "guard.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DENPEX_SDK_SOCKET", "RANK")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, env=env, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if b"denpex-sdk: " in line]
+    assert len(lines) == 1 and b'"train.nan_loss"' in lines[0]  # the one finding, no metrics

@@ -1,5 +1,7 @@
-"""A minimal ctypes binding of libdcgm (DCGM 3.x/4.x C API): connect, field watches, health
-checks and diagnostics, with the struct layouts of DCGM's public dcgm_structs.h mirrored below.
+"""A minimal ctypes binding of libdcgm (DCGM 3.x/4.x C API): connect, entities and groups,
+field watches, health checks and diagnostics, with the struct layouts of DCGM's public
+dcgm_structs.h mirrored in layouts.py. A struct whose accepted version changed with DCGM 4
+(the health response) is picked by the loaded library's major version (dcgmVersionInfo).
 
 Never raises past `DcgmError` (a return code, named) or OSError (no library); never hides a
 blocking call: callers run every method under a deadline (`denpex.core.deadline`).
@@ -17,30 +19,37 @@ from denpex.gpu.dcgm.layouts import (
     BLANK_INT64,
     CONNECT_PARAMS_VERSION2,
     DCGM_FE_GPU,
+    DCGM_MAX_ENTITIES_LISTED,
     DCGM_MAX_NUM_DEVICES,
     DIAG_RESPONSE_VERSION8,
     DIAG_RESULT_NAMES,
+    ENTITY_KINDS,
     FIELD_TYPE_DOUBLE,
     FIELD_TYPE_INT64,
     FIELD_TYPE_STRING,
     FIELD_VALUE_VERSION1,
     HEALTH_RESPONSE_VERSION4,
+    HEALTH_RESPONSE_VERSION5,
     HEALTH_RESULT_NAMES,
     HEALTH_SYSTEM_NAMES,
     LEVEL_ONE_TEST_NAMES,
     PER_GPU_TEST_NAMES,
     RETURN_CODES,
     RUN_DIAG_VERSION7,
+    VERSION_INFO_VERSION2,
     ConnectV2Params,
     DiagResponseV8,
     FieldValueV1,
     HealthResponseV4,
+    HealthResponseV5,
     RunDiagV7,
+    VersionInfoV2,
     is_blank_text,
 )
 
 LIBRARY_NAMES = ("libdcgm.so.4", "libdcgm.so.3", "libdcgm.so")
 DCGM_ST_OK = 0
+DCGM_ST_VER_MISMATCH = -12
 DCGM_OPERATION_MODE = {"auto": 1, "manual": 2}
 DCGM_GROUP_DEFAULT, DCGM_GROUP_EMPTY = 0, 1
 # diagnostics that ran but found a problem still fill the response
@@ -58,6 +67,14 @@ _SIGNATURES: dict[str, list[object]] = {
     "dcgmGetAllSupportedDevices": [_handle, ctypes.POINTER(_u), ctypes.POINTER(ctypes.c_int)],
     "dcgmGroupCreate": [_handle, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(_handle)],
     "dcgmGroupAddDevice": [_handle, _handle, _u],
+    "dcgmGroupAddEntity": [_handle, _handle, _u, _u],
+    "dcgmGetEntityGroupEntities": [
+        _handle,
+        _u,
+        ctypes.POINTER(_u),
+        ctypes.POINTER(ctypes.c_int),
+        _u,
+    ],
     "dcgmFieldGroupCreate": [
         _handle,
         ctypes.c_int,
@@ -82,9 +99,11 @@ _SIGNATURES: dict[str, list[object]] = {
         ctypes.POINTER(FieldValueV1),
     ],
     "dcgmHealthSet": [_handle, _handle, _u],
-    "dcgmHealthCheck": [_handle, _handle, ctypes.POINTER(HealthResponseV4)],
+    "dcgmHealthCheck": [_handle, _handle, ctypes.c_void_p],  # v4 (DCGM 3) or v5 (DCGM 4)
     "dcgmActionValidate_v2": [_handle, ctypes.POINTER(RunDiagV7), ctypes.POINTER(DiagResponseV8)],
 }
+# entry points a DCGM may lack; the session copes without them
+_OPTIONAL: dict[str, list[object]] = {"dcgmVersionInfo": [ctypes.POINTER(VersionInfoV2)]}
 _init_lock = threading.Lock()
 _init_count: dict[int, int] = {}  # id(CDLL) → sessions holding dcgmInit
 _libraries: dict[str, ctypes.CDLL] = {}
@@ -116,13 +135,29 @@ def load_library(path: str | None = None) -> ctypes.CDLL:
         missing = [fn for fn in _SIGNATURES if not hasattr(lib, fn)]
         if missing:
             raise OSError(f"{name} lacks {', '.join(missing)} (DCGM older than 3.0?)")
-        for fn, argtypes in _SIGNATURES.items():
+        for fn, argtypes in {**_SIGNATURES, **_OPTIONAL}.items():
+            if not hasattr(lib, fn):
+                continue
             func = getattr(lib, fn)
             func.restype = ctypes.c_int
             func.argtypes = argtypes
         with _init_lock:
             return _libraries.setdefault(name, lib)
     raise OSError("; ".join(errors))
+
+
+def library_major(lib: ctypes.CDLL, name: str = "") -> int | None:
+    """The major version of a loaded libdcgm: from dcgmVersionInfo ("version:4.6.0;..."),
+    else from the soname it was loaded by (libdcgm.so.4), else None."""
+    if hasattr(lib, "dcgmVersionInfo"):
+        info = VersionInfoV2(version=VERSION_INFO_VERSION2)
+        if lib.dcgmVersionInfo(ctypes.byref(info)) == DCGM_ST_OK:
+            for pair in _text(info.rawBuildInfoString).split(";"):
+                key, _, value = pair.partition(":")
+                if key == "version" and value.split(".")[0].isdigit():
+                    return int(value.split(".")[0])
+    tail = name.rpartition(".so.")[2]
+    return int(tail.split(".")[0]) if ".so." in name and tail.split(".")[0].isdigit() else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +175,7 @@ class Incident:
     code: int  # dcgmError_t (DCGM_FR_*)
     message: str
     gpu: int | None  # None when the entity is not a GPU
-    entity: str  # "gpu:1", "switch:0" ...
+    entity: str  # "gpu:1", "switch:0", "connectx:0" ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,10 +213,13 @@ class DcgmSession:
     """One handle to DCGM (an embedded host engine or a connection to nv-hostengine). Not
     thread-safe by itself: the collector serialises calls through its bounded callers."""
 
-    def __init__(self, lib: ctypes.CDLL, address: str = "", mode: str = "manual") -> None:
+    def __init__(
+        self, lib: ctypes.CDLL, address: str = "", mode: str = "manual", name: str = ""
+    ) -> None:
         self.lib, self.address = lib, address
         self.handle = _handle()
         self.in_call = ""
+        self.major = library_major(lib, name or getattr(lib, "_name", ""))
         with _init_lock:
             if _init_count.get(id(lib), 0) == 0:
                 self._run("dcgmInit")
@@ -226,13 +264,31 @@ class DcgmSession:
         self._run("dcgmGetAllSupportedDevices", self.handle, ids, ctypes.byref(count))
         return list(ids[: max(0, min(count.value, DCGM_MAX_NUM_DEVICES))])
 
-    def create_group(self, name: str, gpus: Sequence[int] | None = None) -> int:
-        """DCGM_GROUP_DEFAULT (every GPU) when `gpus` is None, else a group of those GPUs."""
+    def entities(self, entity_group: int) -> list[int]:
+        """The ids of every entity of an entity group (DCGM_FE_SWITCH, DCGM_FE_CONNECTX ...);
+        DcgmError when this DCGM cannot list the group (DCGM_ST_NOT_SUPPORTED)."""
+        ids = (_u * DCGM_MAX_ENTITIES_LISTED)()
+        count = ctypes.c_int(DCGM_MAX_ENTITIES_LISTED)
+        self._run(
+            "dcgmGetEntityGroupEntities", self.handle, entity_group, ids, ctypes.byref(count), 0
+        )
+        return list(ids[: max(0, min(count.value, DCGM_MAX_ENTITIES_LISTED))])
+
+    def create_group(
+        self,
+        name: str,
+        gpus: Sequence[int] | None = None,
+        entities: Sequence[tuple[int, int]] = (),
+    ) -> int:
+        """DCGM_GROUP_DEFAULT (every GPU) when `gpus` is None, else a group of those GPUs;
+        then the other `entities` ((entity group, id): switches, ConnectX cards) added."""
         group = _handle()
         kind = DCGM_GROUP_DEFAULT if gpus is None else DCGM_GROUP_EMPTY
         self._run("dcgmGroupCreate", self.handle, kind, name.encode(), ctypes.byref(group))
         for gpu in gpus or ():
             self._run("dcgmGroupAddDevice", self.handle, group, gpu)
+        for entity_group, entity in entities:
+            self._run("dcgmGroupAddEntity", self.handle, group, entity_group, entity)
         return group.value or 0
 
     def watch_fields(
@@ -268,8 +324,20 @@ class DcgmSession:
         self._run("dcgmHealthSet", self.handle, group, systems)
 
     def health_check(self, group: int) -> HealthReport:
-        response = HealthResponseV4(version=HEALTH_RESPONSE_VERSION4)
-        self._run("dcgmHealthCheck", self.handle, group, ctypes.byref(response))
+        """dcgmHealthCheck with the response version the loaded DCGM accepts: v5 from DCGM 4
+        on, v4 before; a library whose version is unknown is asked v5, then v4."""
+        response: HealthResponseV4 | HealthResponseV5
+        if self.major is not None and self.major < 4:
+            response = HealthResponseV4(version=HEALTH_RESPONSE_VERSION4)
+            rc = self._call("dcgmHealthCheck", self.handle, group, ctypes.byref(response))
+        else:
+            response = HealthResponseV5(version=HEALTH_RESPONSE_VERSION5)
+            rc = self._call("dcgmHealthCheck", self.handle, group, ctypes.byref(response))
+            if rc == DCGM_ST_VER_MISMATCH and self.major is None:
+                self.major = 3  # an older DCGM: remember, ask v4 from now on
+                return self.health_check(group)
+        if rc != DCGM_ST_OK:
+            raise DcgmError("dcgmHealthCheck", rc)
         count = min(response.incidentCount, len(response.incidents))
         return HealthReport(
             overall=HEALTH_RESULT_NAMES.get(response.overallHealth, "unknown"),
@@ -316,7 +384,7 @@ def _reading(value: FieldValueV1) -> FieldReading:
 
 def _incident(info: object) -> Incident:
     entity_group, entity_id = info.entityInfo.entityGroupId, info.entityInfo.entityId  # type: ignore[attr-defined]
-    kinds = {1: "gpu", 2: "vgpu", 3: "switch", 4: "gpu_i", 5: "gpu_ci", 6: "link", 7: "cpu"}
+    kinds = ENTITY_KINDS
     return Incident(
         system=HEALTH_SYSTEM_NAMES.get(info.system, f"system_{info.system}"),  # type: ignore[attr-defined]
         health=HEALTH_RESULT_NAMES.get(info.health, "unknown"),  # type: ignore[attr-defined]

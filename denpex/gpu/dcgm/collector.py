@@ -1,5 +1,7 @@
 """The DCGM collector (Layer 2): profiling fields NVML lacks, exported under dcgm-exporter's
-names; DCGM health-watch incidents as evidence; and `run_diagnostics` for remediation.
+names, types and labels (denpex/gpu/dcgm_fields.yaml); DCGM health-watch incidents as
+evidence, for the GPUs and for the NVSwitches and ConnectX cards DCGM evaluates only as
+entities of their own; and `run_diagnostics` for remediation.
 
 Every DCGM call runs under a deadline on its own worker (fields apart from health checks): a
 call that does not return is evidence and blinds only its part; a poll never waits on it twice.
@@ -24,18 +26,34 @@ from denpex.gpu.dcgm.api import (
     Incident,
     load_library,
 )
-from denpex.gpu.dcgm.layouts import FIELD_IDS, HEALTH_SYSTEMS
+from denpex.gpu.dcgm.layouts import (
+    CONNECTX_SYSTEMS,
+    DCGM_FE_CONNECTX,
+    DCGM_FE_GPU,
+    DCGM_FE_SWITCH,
+    HEALTH_SYSTEMS,
+    SWITCH_SYSTEMS,
+)
+from denpex.gpu.dcgm_fields import dcgm_fields, exporter_labels, field_id, help_texts, is_counter
+from denpex.gpu.nvml.xid import default_table
 
 __all__ = ["DcgmCollector", "DiagResult", "DiagTest", "run_diagnostics"]
 
 NOT_FOUND = "libdcgm.so not found (install datacenter-gpu-manager)"
-# read with the metrics: they become dcgm-exporter's labels modelName, UUID, pci_bus_id, device
+# read with the metrics: they become dcgm-exporter's labels modelName, UUID, pci_bus_id and
+# DCGM_FI_DRIVER_VERSION (`device` is nvidia<DCGM gpu id>, as dcgm-exporter writes it)
 IDENTITY_FIELDS = (
     "DCGM_FI_DEV_NAME",
     "DCGM_FI_DEV_UUID",
     "DCGM_FI_DEV_PCI_BUSID",
-    "DCGM_FI_DEV_MINOR_NUMBER",
+    "DCGM_FI_DRIVER_VERSION",
 )
+IDENTITY_KEYS = {
+    "DCGM_FI_DEV_NAME": "name",
+    "DCGM_FI_DEV_UUID": "uuid",
+    "DCGM_FI_DEV_PCI_BUSID": "pci_bus_id",
+    "DCGM_FI_DRIVER_VERSION": "driver_version",
+}
 HEALTH_LEVEL = {"pass": 0, "warn": 1, "fail": 2}
 # health watch system → its detector (the category is what the system watches)
 HEALTH_DETECTORS = {
@@ -51,26 +69,16 @@ HEALTH_DETECTORS = {
     "pmu": "gpu.gsp_timeout.dcgm_health_pmu",
     "mcu": "gpu.gsp_timeout.dcgm_health_mcu",
     "driver": "gpu.driver_mismatch.dcgm_health_driver",
+    "connectx": "net.link_down.dcgm_health_connectx",
 }
+# since DCGM 4.5 the driver watch reports the GPU recovery action with these codes
+RECOVERY_DETECTOR = "gpu.reset_required.dcgm_recovery_action"
 # connection lost: drop the session and connect again on the next poll
 _RECONNECT_CODES = {-21, -10, -7}  # CONNECTION_NOT_VALID, UNINITIALIZED, INIT_ERROR
 
 HELP = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "Ratio of time the graphics engine is active (DCGM)",
-    "DCGM_FI_PROF_SM_ACTIVE": "Ratio of cycles an SM has at least one warp assigned (DCGM)",
-    "DCGM_FI_PROF_SM_OCCUPANCY": "Ratio of resident warps to the SM's maximum (DCGM)",
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "Ratio of cycles the tensor (HMMA) pipe is active (DCGM)",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "Ratio of cycles device memory is sending or receiving (DCGM)",
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": "Ratio of cycles the fp64 pipe is active (DCGM)",
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": "Ratio of cycles the fp32 pipe is active (DCGM)",
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": "Ratio of cycles the fp16 pipe is active (DCGM)",
-    "DCGM_FI_PROF_PCIE_TX_BYTES": "PCIe bytes per second transmitted, headers included (DCGM)",
-    "DCGM_FI_PROF_PCIE_RX_BYTES": "PCIe bytes per second received, headers included (DCGM)",
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": "NVLink bytes per second transmitted (DCGM)",
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": "NVLink bytes per second received (DCGM)",
-    "DCGM_FI_DEV_XID_ERRORS": "Value of the last Xid error the GPU reported (DCGM)",
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "Total PCIe replays (link-level retries) (DCGM)",
-    "dcgm_health_overall": "DCGM health-watch verdict of the watched GPUs: 0 pass, 1 warn, 2 fail",
+    **help_texts(),
+    "dcgm_health_overall": "DCGM health-watch verdict of the watched entities: 0 pass, 1 warn, 2 fail",
 }
 
 
@@ -89,9 +97,11 @@ class DcgmCollector(GpuCollector):
         self._health = BoundedCaller("dcgm.health", timeout)
         self._session: DcgmSession | None = None
         self._opening: DcgmSession | None = None  # while setup runs (a hang names its call)
-        self._group = 0
+        self._group = 0  # the GPUs: field watches
+        self._health_group = 0  # the GPUs, NVSwitches and ConnectX cards: health watches
         self._gpus: list[int] = []
-        self._field_names = [n for n in self.options.get("fields", []) if n in FIELD_IDS]
+        exported = {n for n, f in dcgm_fields().items() if f.type in ("gauge", "counter")}
+        self._field_names = [n for n in self.options.get("fields", []) if n in exported]
         self._labels: dict[int, dict[str, str]] = {}
         self._errors: dict[str, str] = {}  # part (setup, fields, health) → why it is blind
         self._hang_reported: set[str] = set()
@@ -185,14 +195,23 @@ class DcgmCollector(GpuCollector):
             session.watch_fields(
                 self._group,
                 "denpex",
-                [FIELD_IDS[n] for n in names],
+                [field_id(n) for n in names],
                 float(self.options.get("watch_interval_s", 10.0)),
                 float(self.options.get("watch_keep_s", 60.0)),
             )
+            others = _entities(session, DCGM_FE_SWITCH) + _entities(session, DCGM_FE_CONNECTX)
+            self._health_group = session.create_group(
+                "denpex-health", [], [(DCGM_FE_GPU, g) for g in self._gpus] + others
+            )
+            kinds = {kind for kind, _ in others}
             systems = 0
             for system in self.options.get("health", {}):
+                if system in SWITCH_SYSTEMS and DCGM_FE_SWITCH not in kinds:
+                    continue  # evaluated only for switch entities: none here
+                if system in CONNECTX_SYSTEMS and DCGM_FE_CONNECTX not in kinds:
+                    continue
                 systems |= HEALTH_SYSTEMS.get(system, 0)
-            session.health_set(self._group, systems)
+            session.health_set(self._health_group, systems)
         except BaseException:
             session.close()
             raise
@@ -207,41 +226,39 @@ class DcgmCollector(GpuCollector):
             return out
         if self.options.get("operation_mode", "manual") == "manual" and not session.address:
             session.update_all_fields(wait=True)
-        counters = set(self.options.get("counters", []))
+        titles = default_table().titles
         for gpu in self._gpus:
             names = [*IDENTITY_FIELDS, *self._field_names]
-            readings = session.latest_values(gpu, [FIELD_IDS[n] for n in names])
+            readings = session.latest_values(gpu, [field_id(n) for n in names])
             by_name = {n: r.value for n, r in zip(names, readings, strict=True)}
             labels = self._gpu_labels(gpu, by_name, ctx.host)
             for name in self._field_names:
                 value = by_name[name]
-                if isinstance(value, float):
-                    out.append(
-                        metric(name, value, source="dcgm", counter=name in counters,
-                               labels=labels, host=ctx.host, ts_ns=ctx.now_ns)
-                    )  # fmt: skip
+                if not isinstance(value, float):
+                    continue
+                extra = {}
+                if name == "DCGM_FI_DEV_XID_ERRORS":  # dcgm-exporter's two labels of the Xid
+                    code = int(value)
+                    extra = {"err_code": str(code), "err_msg": titles.get(code, "Unknown Error")}
+                out.append(
+                    metric(name, value, source="dcgm", counter=is_counter(name),
+                           labels={**labels, **extra}, host=ctx.host, ts_ns=ctx.now_ns)
+                )  # fmt: skip
         return out
 
     def _gpu_labels(self, gpu: int, values: Mapping[str, Any], host: str) -> dict[str, str]:
         """dcgm-exporter's labels; identity values are cached once DCGM has reported them."""
         cached = self._labels.get(gpu)
-        if cached is None or not cached.get("UUID"):
-            minor = values.get("DCGM_FI_DEV_MINOR_NUMBER")
-            cached = {
-                "gpu": str(gpu),
-                "UUID": str(values.get("DCGM_FI_DEV_UUID") or ""),
-                "pci_bus_id": str(values.get("DCGM_FI_DEV_PCI_BUSID") or ""),
-                "device": f"nvidia{int(minor) if isinstance(minor, float) else gpu}",
-                "modelName": str(values.get("DCGM_FI_DEV_NAME") or ""),
-            }
+        if cached is None or not cached.get("uuid"):
+            cached = {key: str(values.get(name) or "") for name, key in IDENTITY_KEYS.items()}
             self._labels[gpu] = cached
-        return {**cached, "Hostname": host}
+        return exporter_labels(gpu, cached, host)
 
     def _poll_health(self, ctx: CollectContext) -> list[Observation]:
         session = self._session
         if session is None:
             return []
-        report = session.health_check(self._group)
+        report = session.health_check(self._health_group)
         out: list[Observation] = []
         out.append(
             metric("dcgm_health_overall", HEALTH_LEVEL.get(report.overall, 0), source="dcgm",
@@ -266,6 +283,10 @@ class DcgmCollector(GpuCollector):
         detector_id = HEALTH_DETECTORS.get(incident.system)
         if not actions or not severity or detector_id is None:
             return None  # a system nobody mapped, or a pass
+        recovery = (self.options.get("recovery_codes") or {}).get(incident.code)
+        if incident.system == "driver" and recovery:
+            # DCGM 4.5+: the driver watch reports the recovery action NVML asks for
+            detector_id, actions = RECOVERY_DETECTOR, {incident.health: recovery}
         labels = self._labels.get(incident.gpu, {}) if incident.gpu is not None else {}
         attrs = {
             "system": incident.system,
@@ -273,7 +294,7 @@ class DcgmCollector(GpuCollector):
             "code": incident.code,
             "entity": incident.entity,
             "gpu": "" if incident.gpu is None else str(incident.gpu),
-            "UUID": labels.get("UUID", ""),
+            "UUID": labels.get("uuid", ""),
         }
         what = f"GPU {incident.gpu}" if incident.gpu is not None else incident.entity
         return self.finding(
@@ -300,6 +321,15 @@ class DcgmCollector(GpuCollector):
             captures={k: str(v) for k, v in attrs.items()},
             values={"why": why},
         )
+
+
+def _entities(session: DcgmSession, entity_group: int) -> list[tuple[int, int]]:
+    """Every entity of a kind DCGM lists here; none where this DCGM or node has none
+    (no NVSwitch module, a DCGM older than ConnectX support: DCGM_ST_NOT_SUPPORTED)."""
+    try:
+        return [(entity_group, entity) for entity in session.entities(entity_group)]
+    except DcgmError:
+        return []
 
 
 def run_diagnostics(

@@ -1,5 +1,8 @@
 """ctypes mirrors of the DCGM structs and constants denpex uses, from DCGM's public headers
-(dcgm_structs.h, dcgm_fields.h; the layouts DCGM 3.1 introduced, still accepted by DCGM 4).
+(dcgm_structs.h, dcgm_fields.h, v3.2 to v4.6). Where a struct changed with DCGM 4 both
+versions are here: DCGM 3 accepts only dcgmHealthResponse_v4 (64 incidents), DCGM 4 only
+dcgmHealthResponse_v5 (1024 incidents); the diagnostic structs of DCGM 3.1 are still
+accepted by DCGM 4 (DcgmApi.cpp helperActionManager).
 
 Data only: never calls the library. A struct's version is sizeof(struct) | (ver << 24), so a
 field out of place makes the library answer DCGM_ST_VER_MISMATCH instead of misreading memory.
@@ -12,15 +15,21 @@ import ctypes
 DCGM_MAX_NUM_DEVICES = 32
 DCGM_MAX_STR_LENGTH = 256
 DCGM_MAX_BLOB_LENGTH = 4096
-DCGM_GROUP_MAX_ENTITIES = 64
+DCGM_GROUP_MAX_ENTITIES = 64  # DCGM_GROUP_MAX_ENTITIES_V1
+DCGM_GROUP_MAX_ENTITIES_V2 = 1024  # DCGM 4
 DCGM_HEALTH_WATCH_MAX_INCIDENTS = DCGM_GROUP_MAX_ENTITIES
+DCGM_HEALTH_WATCH_MAX_INCIDENTS_V2 = DCGM_GROUP_MAX_ENTITIES_V2
+DCGM_MAX_ENTITIES_LISTED = 1024  # room for dcgmGetEntityGroupEntities' answer
 DCGM_PER_GPU_TEST_COUNT_V8 = 13
 LEVEL_ONE_MAX_RESULTS = 16
 DCGM_MAX_TEST_NAMES, DCGM_MAX_TEST_NAMES_LEN = 20, 50
 DCGM_MAX_TEST_PARMS, DCGM_MAX_TEST_PARMS_LEN = 100, 100
 DCGM_GPU_LIST_LEN, DCGM_PATH_LEN = 50, 128
 DCGM_MAX_CONFIG_FILE_LEN, DCGM_THROTTLE_MASK_LEN = 10000, 50
-DCGM_FE_GPU = 1
+# dcgm_field_entity_group_t (DCGM_FE_CONNECTX exists since DCGM 4.1)
+DCGM_FE_GPU, DCGM_FE_SWITCH, DCGM_FE_CONNECTX = 1, 3, 9
+ENTITY_KINDS = {1: "gpu", 2: "vgpu", 3: "switch", 4: "gpu_i", 5: "gpu_ci", 6: "link", 7: "cpu",
+                8: "cpu_core", 9: "connectx"}  # fmt: skip
 FIELD_TYPE_DOUBLE, FIELD_TYPE_INT64, FIELD_TYPE_STRING = ord("d"), ord("i"), ord("s")
 
 # dcgmReturn_t → (name, meaning)
@@ -80,28 +89,6 @@ RETURN_CODES: dict[int, tuple[str, str]] = {
     -57: ("DCGM_ST_NVML_DRIVER_TIMEOUT", "an NVML driver timeout was detected"),
 }
 
-# dcgm_fields.h ids of the fields denpex reads (names are dcgm-exporter's metric names)
-FIELD_IDS: dict[str, int] = {
-    "DCGM_FI_DEV_NAME": 50,
-    "DCGM_FI_DEV_UUID": 54,
-    "DCGM_FI_DEV_MINOR_NUMBER": 55,
-    "DCGM_FI_DEV_PCI_BUSID": 57,
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": 202,
-    "DCGM_FI_DEV_XID_ERRORS": 230,
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 1001,
-    "DCGM_FI_PROF_SM_ACTIVE": 1002,
-    "DCGM_FI_PROF_SM_OCCUPANCY": 1003,
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1004,
-    "DCGM_FI_PROF_DRAM_ACTIVE": 1005,
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 1006,
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 1007,
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 1008,
-    "DCGM_FI_PROF_PCIE_TX_BYTES": 1009,
-    "DCGM_FI_PROF_PCIE_RX_BYTES": 1010,
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": 1011,
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": 1012,
-}
-
 # dcgmHealthSystems_t bits
 HEALTH_SYSTEMS: dict[str, int] = {
     "pcie": 0x1,
@@ -116,7 +103,11 @@ HEALTH_SYSTEMS: dict[str, int] = {
     "driver": 0x200,
     "nvswitch_nonfatal": 0x400,
     "nvswitch_fatal": 0x800,
+    "connectx": 0x1000,  # DCGM 4.5.3 and later (older ones ignore the bit)
 }
+# the systems DCGM evaluates only for entities other than GPUs (DcgmHealthWatch.cpp)
+SWITCH_SYSTEMS = ("nvswitch_nonfatal", "nvswitch_fatal")
+CONNECTX_SYSTEMS = ("connectx",)
 HEALTH_SYSTEM_NAMES = {bit: name for name, bit in HEALTH_SYSTEMS.items()}
 HEALTH_RESULT_NAMES = {0: "pass", 10: "warn", 20: "fail"}
 DIAG_RESULT_NAMES = {0: "pass", 1: "skip", 2: "warn", 3: "fail", 4: "not_run"}
@@ -217,13 +208,33 @@ class IncidentInfo(ctypes.Structure):
 
 
 class HealthResponseV4(ctypes.Structure):
-    """dcgmHealthResponse_v4 (DCGM 2.0 and later)"""
+    """dcgmHealthResponse_v4 (DCGM 2.0 to 3.x; DCGM 4 answers it DCGM_ST_VER_MISMATCH)"""
 
     _fields_ = [
         ("version", ctypes.c_uint),
         ("overallHealth", ctypes.c_uint),
         ("incidentCount", ctypes.c_uint),
         ("incidents", IncidentInfo * DCGM_HEALTH_WATCH_MAX_INCIDENTS),
+    ]
+
+
+class HealthResponseV5(ctypes.Structure):
+    """dcgmHealthResponse_v5 (DCGM 4.0 and later, the only version DCGM 4 accepts)"""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("overallHealth", ctypes.c_uint),
+        ("incidentCount", ctypes.c_uint),
+        ("incidents", IncidentInfo * DCGM_HEALTH_WATCH_MAX_INCIDENTS_V2),
+    ]
+
+
+class VersionInfoV2(ctypes.Structure):
+    """dcgmVersionInfo_v2: `rawBuildInfoString` reads like version:4.6.0;arch:x86_64;..."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("rawBuildInfoString", ctypes.c_char * (DCGM_MAX_STR_LENGTH * 2)),
     ]
 
 
@@ -290,5 +301,7 @@ class RunDiagV7(ctypes.Structure):
 CONNECT_PARAMS_VERSION2 = make_version(ConnectV2Params, 2)
 FIELD_VALUE_VERSION1 = make_version(FieldValueV1, 1)
 HEALTH_RESPONSE_VERSION4 = make_version(HealthResponseV4, 4)
+HEALTH_RESPONSE_VERSION5 = make_version(HealthResponseV5, 5)
+VERSION_INFO_VERSION2 = make_version(VersionInfoV2, 2)
 DIAG_RESPONSE_VERSION8 = make_version(DiagResponseV8, 8)
 RUN_DIAG_VERSION7 = make_version(RunDiagV7, 7)

@@ -1,5 +1,6 @@
-"""The NVML collector: per-GPU health and utilisation through pynvml, Xids through an NVML
-event set, and detector evidence (GPU lost, Xid bursts, ECC, row remap, thermal, PCIe, NVLink).
+"""The NVML collector: per-GPU health and utilisation through pynvml (MIG devices as their
+own entities), Xids and recovery actions through an NVML event set, and detector evidence
+(GPU lost or needing a reset, Xid bursts, ECC, row remap, thermal, PCIe, NVLink, fabric).
 
 Bounded calls: each GPU has its own BoundedCaller (one worker thread) and the system calls
 (init, count, event registration) another, all under `deadline_s`. A call that does not
@@ -7,7 +8,9 @@ return blinds only its own GPU: that GPU reports `gpu_nvml_up 0` plus how long i
 been stuck, one gpu.gsp_timeout evidence names the call, `degraded()` says why (so /healthz
 turns unhealthy), and every other GPU keeps reporting. Later polls do not queue behind the
 stuck call (the caller fails fast) until it returns. If the driver serialises all GPUs behind
-one stuck call, every GPU reports the same way, each naming its own call. Never raises for an
+one stuck call, every GPU reports the same way, each naming its own call. Only a GPU that
+NVML calls lost or needing a reset is evidence of a lost GPU: a GPU NVML cannot read (no
+permission, an unknown error) reports `gpu_nvml_up 0` and a note, once. Never raises for an
 NVML error and never blocks a poll longer than one deadline.
 """
 
@@ -22,12 +25,12 @@ from typing import Any
 from denpex.core.collector import CollectContext, Observation, detector_evidence
 from denpex.core.deadline import BoundedCaller, DeadlineExceeded
 from denpex.core.events import Event, format_ts
-from denpex.core.roots import Roots
+from denpex.core.roots import Roots, read_text
 from denpex.gpu.base import GpuCollector
 from denpex.gpu.nvml.detect import Finding, detect
 from denpex.gpu.nvml.events import EventWatcher
 from denpex.gpu.nvml.metrics import HELP, down_metrics, gpu_labels, sample_metrics, xid_metrics
-from denpex.gpu.nvml.query import GpuGone, GpuReader, GpuSample
+from denpex.gpu.nvml.query import GpuGone, GpuReader, GpuSample, GpuUnreadable
 from denpex.gpu.nvml.scenario import FakeLibraryError, ScenarioError, prepare_shim
 from denpex.gpu.nvml.xid import XidBurst, XidTableError, XidTracker, default_table, merge_overrides
 
@@ -56,6 +59,7 @@ class NvmlCollector(GpuCollector):
         self._nvml: ModuleType | None = None
         self._about = ""
         self._count = 0
+        self._driver = ""
         self._readers: dict[int, GpuReader] = {}
         self._callers: dict[int, BoundedCaller] = {}
         self._samples: dict[int, GpuSample] = {}
@@ -104,9 +108,14 @@ class NvmlCollector(GpuCollector):
                 )
             if code == pynvml.NVML_ERROR_DRIVER_NOT_LOADED:
                 return "the NVIDIA kernel driver is not loaded (modprobe nvidia; check dmesg)"
+            if code == pynvml.NVML_ERROR_GPU_NOT_FOUND:
+                return "NVML found no GPU on this node (nvidia-smi lists none either?)"
+            if code == pynvml.NVML_ERROR_NO_PERMISSION:
+                return "NVML may not talk to the driver as this user (check /dev/nvidia* access)"
             return f"nvmlInit failed: {exc}"
         self._nvml = pynvml
         version = driver.decode() if isinstance(driver, bytes) else str(driver)
+        self._driver = version
         self._about = f"{about}, driver {version}: {self._count} GPU(s)"
         return None
 
@@ -128,12 +137,27 @@ class NvmlCollector(GpuCollector):
         out += [self._xid_evidence(ctx, burst) for burst in self.tracker.due(ctx.now_ns)]
         totals, last = self.tracker.snapshot()
         identities = {i: r.identity for i, r in self._readers.items()}
-        out += xid_metrics(totals, last, identities, ctx.host, ctx.now_ns)
+        titles = self.tracker.table.titles
+        out += xid_metrics(totals, last, identities, ctx.host, ctx.now_ns, titles)
+        if self._watcher is not None:
+            for index, error in sorted(self._watcher.errors.items()):
+                if index >= 0 and self.edges.first(("events", index)):
+                    out.append(self._note(ctx, index, f"no NVML events for GPU {index}: {error}"))
         return out
+
+    def _uptime(self, ctx: CollectContext) -> float | None:
+        """Seconds since boot (/proc/uptime under the configured procfs root), or None."""
+        text = read_text(ctx.roots.proc("uptime"))
+        try:
+            return float(text.split()[0]) if text else None
+        except ValueError:
+            return None
 
     def _poll_gpu(self, ctx: CollectContext, index: int) -> list[Observation]:
         assert self._nvml is not None
-        reader = self._readers.setdefault(index, GpuReader(self._nvml, index))
+        reader = self._readers.get(index)
+        if reader is None:
+            reader = self._readers[index] = GpuReader(self._nvml, index, self._driver)
         caller = self._callers.get(index)
         if caller is None:
             caller = self._callers[index] = BoundedCaller(f"nvml-gpu{index}", self.deadline_s)
@@ -157,20 +181,42 @@ class NvmlCollector(GpuCollector):
                 self._gone[index] = gone.text
                 out.append(self._evidence(ctx, index, _gone_finding(gone)))
             return out
-        except self._nvml.NVMLError as exc:  # e.g. no permission for the handle
-            return [
-                *down_metrics(index, identity, ctx.host, ctx.now_ns, 0.0),
-                self._note(ctx, index, str(exc)),
-            ]
+        except GpuUnreadable as unreadable:  # no permission for the handle, an unknown error
+            out = list(down_metrics(index, identity, ctx.host, ctx.now_ns, 0.0))
+            if self.edges.rising(("unreadable", index), True):
+                out.append(self._note(ctx, index, f"GPU {index} cannot be read: {unreadable}"))
+            return out
         out = []
+        self.edges.clear(("unreadable", index))
         if self._hangs.pop(index, None) or self._gone.pop(index, None):
             out.append(self._note(ctx, index, f"GPU {index} answers NVML again"))
-        findings = detect(self._samples.get(index), sample, self.options, self.edges)
+        out += self._query_notes(ctx, index, sample)
+        findings = detect(
+            self._samples.get(index), sample, self.options, self.edges, self._uptime(ctx)
+        )
         self._samples[index] = sample
         reasons = {k: int(v) for k, v in (self.options.get("clock_event_reasons") or {}).items()}
         out += sample_metrics(sample, ctx.host, ctx.now_ns, reasons)
         out += [self._evidence(ctx, index, finding) for finding in findings]
         return out
+
+    def _query_notes(self, ctx: CollectContext, index: int, sample: GpuSample) -> list[Event]:
+        """A note when a query starts failing (an unknown error) or is refused to this user,
+        once while it lasts: neither says anything about the GPU's health."""
+        failing = {f"error:{k}": v for k, v in sample.errors.items()}
+        failing.update({f"denied:{k}": k for k in sample.denied})
+        fresh = self.edges.holding(f"gpu{index}:queries", failing)
+        out = []
+        for key in sorted(fresh):
+            kind, _, query = key.partition(":")
+            text = failing[key] if kind == "error" else f"{query}: no permission (run as root?)"
+            out.append(self._note(ctx, index, f"GPU {index}: {text}"))
+        return out
+
+    def _recovery_event(self, index: int) -> None:
+        """A recovery-action event (event thread): poll now rather than at the next interval."""
+        if self._wake is not None:
+            self._wake()
 
     def _register_events(self) -> None:
         """Create the event set once and add every GPU whose handle is known."""
@@ -182,6 +228,7 @@ class NvmlCollector(GpuCollector):
                     self._nvml,
                     self.tracker,
                     int(self.options.get("event_wait_ms", 1000)),
+                    self._recovery_event,
                 )
             for index, reader in self._readers.items():
                 if index not in self._registered and reader.handle is not None:

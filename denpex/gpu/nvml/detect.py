@@ -1,5 +1,7 @@
 """Threshold and counter detectors over two consecutive NVML samples of one GPU: DBE ECC,
-row remapping, thermal slowdown, PCIe link and replays, NVLink links and errors, fabric.
+row remapping, thermal slowdown, PCIe link and replays, NVLink links and errors, the NVSwitch
+fabric (registration failed or stuck long after boot, its health mask) and the GPU recovery
+action NVML reports.
 
 Pure: compares values and returns findings; never calls NVML, never emits the same
 condition twice while it lasts (the caller keeps the EdgeTrigger between polls).
@@ -37,9 +39,11 @@ def detect(
     now: GpuSample,
     options: Mapping[str, Any],
     edges: EdgeTrigger,
+    uptime_s: float | None = None,
 ) -> list[Finding]:
     """Findings for `now`; `edges` remembers the conditions already reported, so a lasting
-    condition is one finding, and it is reported again only after it cleared."""
+    condition is one finding, and it is reported again only after it cleared. `uptime_s`
+    (seconds since boot, None when unknown) tells a fabric still starting from a stuck one."""
     v = now.values
     conditions: dict[str, Finding | None] = {}
 
@@ -101,6 +105,68 @@ def detect(
             "gpu.nvlink.nvml_fabric_registration",
             {"fabric_status": f"{v['fabric_status']:.0f}"},
         )
+    conditions.update(_fabric(v, options, uptime_s))
+    conditions.update(_recovery_action(v, options))
     holding = {key: f for key, f in conditions.items() if f is not None}
     fresh = edges.holding(f"gpu{now.index}", holding)
     return [f for key, f in holding.items() if key in fresh]
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress"}
+
+
+def fabric_problems(mask: int, summary: float | None, options: Mapping[str, Any]) -> list[str]:
+    """What an nvmlGpuFabricInfo health mask (and v3 summary) says is wrong, in words; each
+    condition's bits and the values that mean trouble are data (settings fabric_health)."""
+    found = []
+    for condition in (options.get("fabric_health") or {}).values():
+        value = (mask >> int(condition["shift"])) & int(condition["width"])
+        bad = {int(k): str(v) for k, v in (condition.get("bad") or {}).items()}
+        if value in bad:
+            found.append(bad[value])
+    bad_summary = {int(k): str(v) for k, v in (options.get("fabric_health_summary") or {}).items()}
+    if summary is not None and int(summary) in bad_summary:
+        found.append(bad_summary[int(summary)])
+    return found
+
+
+def _fabric(
+    v: Mapping[str, float], options: Mapping[str, Any], uptime_s: float | None
+) -> dict[str, Finding]:
+    out: dict[str, Finding] = {}
+    state = int(v.get("fabric_state", 0))
+    after = float(options.get("fabric_stuck_after_s", 600))
+    if state in FABRIC_STATES and uptime_s is not None and uptime_s >= after:
+        out["fabric_stuck"] = Finding(
+            "gpu.nvlink.nvml_fabric_stuck",
+            {"fabric_state": FABRIC_STATES[state], "uptime_s": f"{uptime_s:.0f}"},
+            {"minutes": uptime_s / 60},
+        )
+    if "fabric_health_mask" in v:
+        summary = v.get("fabric_health_summary")
+        problems = fabric_problems(int(v["fabric_health_mask"]), summary, options)
+        if problems:
+            out["fabric_health:" + ",".join(problems)] = Finding(
+                "gpu.nvlink.nvml_fabric_unhealthy",
+                {"problems": "; ".join(problems), "health_mask": hex(int(v["fabric_health_mask"]))},
+            )
+    return out
+
+
+def _recovery_action(v: Mapping[str, float], options: Mapping[str, Any]) -> dict[str, Finding]:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: what the driver says the GPU needs now; each
+    value's name, severity and action are data (settings recovery_actions)."""
+    value = int(v.get("recovery_action", 0))
+    actions = {int(k): dict(e) for k, e in (options.get("recovery_actions") or {}).items()}
+    if not value:
+        return {}
+    entry = actions.get(value, {"name": f"action {value}", "severity": "error",
+                                "action": "run_diagnostics"})  # fmt: skip
+    return {
+        f"recovery_action:{value}": Finding(
+            "gpu.reset_required.nvml_recovery_action",
+            {"recovery_action": str(value), "recovery": str(entry["name"])},
+            severity=str(entry["severity"]),
+            action=str(entry["action"]),
+        )
+    }

@@ -1,6 +1,9 @@
-"""The NVML event thread: waits on an NVML event set (Xid critical errors, ECC events) with a
-timeout and hands every event to the Xid tracker, so no Xid is lost between polls.
+"""The NVML event thread: waits on an NVML event set (Xid critical errors, ECC events, GPU
+recovery actions) with a timeout and hands every event to the Xid tracker, so no Xid is lost
+between polls; a recovery-action event asks the collector for a poll at once.
 
+A GPU that supports only some event types refuses a mask with the others (NVML registers
+none of them then): registration falls back to the types the GPU lists, then to Xids alone.
 Runs on its own daemon thread; never blocks a poll. If `nvmlEventSetWait` itself stops
 returning, `hung_for()` says so and the collector reports itself degraded.
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -18,6 +22,8 @@ from denpex.gpu.nvml.xid import XidTracker
 XID_EVENT = 0x8
 DBE_EVENT = 0x2
 SBE_EVENT = 0x1
+RECOVERY_ACTION_EVENT = 0x8000  # nvmlEventTypeGpuRecoveryAction; eventData is 0, read the field
+WANTED = XID_EVENT | DBE_EVENT | SBE_EVENT | RECOVERY_ACTION_EVENT
 # a double-bit ECC event is what the driver also logs as Xid 48: count it under that code
 DBE_AS_XID = 48
 
@@ -29,12 +35,20 @@ def handle_address(handle: Any) -> int:
 class EventWatcher:
     """Owns one event set; `register` adds a GPU (call it from a BoundedCaller worker)."""
 
-    def __init__(self, nvml: ModuleType, tracker: XidTracker, wait_ms: int) -> None:
+    def __init__(
+        self,
+        nvml: ModuleType,
+        tracker: XidTracker,
+        wait_ms: int,
+        on_recovery_action: Callable[[int], None] | None = None,
+    ) -> None:
         self.nvml = nvml
         self.tracker = tracker
         self.wait_ms = wait_ms
+        self.on_recovery_action = on_recovery_action
         self.event_set = nvml.nvmlEventSetCreate()
         self.gpus: dict[int, int] = {}  # handle address → GPU index
+        self.masks: dict[int, int] = {}  # GPU index → the event types registered
         self.sbe_events: dict[int, int] = {}
         self.errors: dict[int, str] = {}
         self.drained = threading.Event()  # set once a wait found nothing left to deliver
@@ -43,17 +57,27 @@ class EventWatcher:
         self._thread: threading.Thread | None = None
 
     def register(self, index: int, handle: Any) -> None:
+        """Register the wanted types the GPU takes: all of them, else those it lists as
+        supported, else Xids alone (they matter most)."""
         nvml = self.nvml
-        wanted = XID_EVENT | DBE_EVENT | SBE_EVENT
+        tried: list[int] = [WANTED]
         try:
-            nvml.nvmlDeviceRegisterEvents(handle, wanted, self.event_set)
+            supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+            tried.append(WANTED & supported)
         except nvml.NVMLError:
-            try:  # some GPUs support only a subset: Xids matter most
-                nvml.nvmlDeviceRegisterEvents(handle, XID_EVENT, self.event_set)
+            pass
+        tried.append(XID_EVENT)
+        error = ""
+        for mask in dict.fromkeys(m for m in tried if m):
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, mask, self.event_set)
             except nvml.NVMLError as exc:
-                self.errors[index] = f"nvmlDeviceRegisterEvents: {exc}"
-                return
-        self.gpus[handle_address(handle)] = index
+                error = f"nvmlDeviceRegisterEvents(0x{mask:x}): {exc}"
+                continue
+            self.masks[index] = mask
+            self.gpus[handle_address(handle)] = index
+            return
+        self.errors[index] = error or "the GPU supports none of the wanted event types"
 
     def start(self) -> None:
         if self._thread is not None:
@@ -103,3 +127,5 @@ class EventWatcher:
             self.tracker.record(str(index), DBE_AS_XID, now)
         elif data.eventType & SBE_EVENT:
             self.sbe_events[index] = self.sbe_events.get(index, 0) + 1
+        elif data.eventType & RECOVERY_ACTION_EVENT and self.on_recovery_action is not None:
+            self.on_recovery_action(index)

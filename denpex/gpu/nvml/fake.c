@@ -4,42 +4,17 @@
  * DENPEX_FAKE_NVML_SCENARIO): one "T<tab>GPU<tab>KEY<tab>VALUE" per line, sorted by T,
  * where T is seconds since nvmlInit and GPU -1 means the whole system. The latest line of a
  * key whose T has passed is its value. Same symbol names and struct layouts as the real
- * library (the _v2/_v3 variants pynvml looks up). */
+ * library (the _v2/_v3 variants pynvml looks up), and the same refusals: a lost GPU, one
+ * that needs a reset, a query this user may not make, an unknown error, a query that MIG
+ * mode turns off (see guard()). This file: the scenario, devices and per-GPU queries;
+ * fake_mig.c and fake_events.c hold the rest. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#define OK 0
-#define ERR_UNINITIALIZED 1
-#define ERR_INVALID_ARGUMENT 2
-#define ERR_NOT_SUPPORTED 3
-#define ERR_NOT_FOUND 6
-#define ERR_INSUFFICIENT_SIZE 7
-#define ERR_DRIVER_NOT_LOADED 9
-#define ERR_TIMEOUT 10
-#define ERR_GPU_IS_LOST 15
-#define ERR_UNKNOWN 999
-#define MAX_GPUS 64
-
-typedef unsigned long long ull;
-
-struct entry {
-	double t;
-	int gpu;
-	char key[96];
-	char value[256];
-};
-
-struct device {
-	int index;
-};
-
-struct event_set {
-	ull mask[MAX_GPUS];
-	int cursor;
-};
+#include "fake.h"
 
 typedef struct {
 	char busIdLegacy[16];
@@ -48,25 +23,19 @@ typedef struct {
 } pci_info_t;
 
 typedef struct {
-	struct device *device;
-	ull eventType;
-	ull eventData;
-	unsigned int gpuInstanceId, computeInstanceId;
-} event_data_t;
-
-typedef struct {
 	unsigned int pid;
 	ull usedGpuMemory;
 	unsigned int gpuInstanceId, computeInstanceId;
 } process_info_t;
 
-static struct entry *entries;
-static int n_entries;
-static int initialised;
+struct entry *entries;
+int n_entries;
 static struct timespec started;
-static struct device devices[MAX_GPUS];
+int initialised;
+struct device devices[MAX_GPUS];
+struct device mig_devices[MAX_GPUS][MAX_MIG];
 
-static double now_s(void)
+double now_s(void)
 {
 	struct timespec ts;
 
@@ -74,7 +43,7 @@ static double now_s(void)
 	return (double)(ts.tv_sec - started.tv_sec) + (ts.tv_nsec - started.tv_nsec) / 1e9;
 }
 
-static void sleep_s(double seconds)
+void sleep_s(double seconds)
 {
 	struct timespec ts;
 
@@ -121,7 +90,7 @@ static int load(const char *path)
 }
 
 /* The value of KEY for GPU now, or NULL when no line has set it yet. */
-static const char *prop(int gpu, const char *key)
+const char *prop(int gpu, const char *key)
 {
 	const char *found = NULL;
 	double now = now_s();
@@ -132,54 +101,98 @@ static const char *prop(int gpu, const char *key)
 	return found;
 }
 
-static ull num(int gpu, const char *key, ull fallback)
+ull num(int gpu, const char *key, ull fallback)
 {
 	const char *value = prop(gpu, key);
 
-	return value && *value ? strtoull(value, NULL, 10) : fallback;
+	return value && *value ? strtoull(value, NULL, 0) : fallback;
 }
 
-static int gpu_count(void)
+int gpu_count(void)
 {
 	int count = (int)num(-1, "gpu_count", 0);
 
 	return count > MAX_GPUS ? MAX_GPUS : count;
 }
 
-static void copy_str(char *out, unsigned int size, const char *value)
+void copy_str(char *out, unsigned int size, const char *value)
 {
 	if (size)
 		snprintf(out, size, "%s", value ? value : "");
 }
 
+const char *mig_key(const struct device *dev, const char *name)
+{
+	static __thread char key[96];
+
+	snprintf(key, sizeof(key), "mig%d_%s", dev->mig, name);
+	return key;
+}
+
+static int known_device(const struct device *dev)
+{
+	if (!dev || dev->index < 0 || dev->index >= gpu_count())
+		return 0;
+	if (dev->mig < 0)
+		return dev == &devices[dev->index];
+	return dev->mig < MAX_MIG && dev == &mig_devices[dev->index][dev->mig];
+}
+
+/* The calls NVML answers for a MIG device handle; any other is not supported on one. */
+static int mig_capable(const char *fn)
+{
+	static const char *const capable[] = {
+		"nvmlDeviceGetUUID",		   "nvmlDeviceGetName",
+		"nvmlDeviceGetMemoryInfo",	   "nvmlDeviceGetMemoryInfo_v2",
+		"nvmlDeviceGetComputeInstanceId",  "nvmlDeviceGetGpuInstanceId",
+		"nvmlDeviceGetComputeRunningProcesses_v3",
+	};
+
+	for (size_t i = 0; i < sizeof(capable) / sizeof(capable[0]); i++)
+		if (strcmp(fn, capable[i]) == 0)
+			return 1;
+	return 0;
+}
+
 /* What every device call does first: hang if the scenario says so, then fail like the
- * real library for a lost GPU or an unsupported query. */
-static int guard(struct device *dev, const char *fn)
+ * real library for a lost GPU, one that needs a reset, an error the scenario injects
+ * ("error:<function>" = an NVML return code) or an unsupported query. */
+int guard(struct device *dev, const char *fn)
 {
 	char key[128];
 	const char *hang;
+	int gpu;
 
 	if (!initialised)
 		return ERR_UNINITIALIZED;
-	if (!dev || dev->index < 0 || dev->index >= gpu_count())
+	if (!known_device(dev))
 		return ERR_INVALID_ARGUMENT;
+	gpu = dev->index;
 	snprintf(key, sizeof(key), "hang:%s", fn);
-	hang = prop(dev->index, key);
+	hang = prop(gpu, key);
 	if (hang && *hang)
 		sleep_s(strtod(hang, NULL));
-	if (num(dev->index, "lost", 0))
+	if (num(gpu, "lost", 0))
 		return ERR_GPU_IS_LOST;
+	if (num(gpu, "reset_required", 0))
+		return ERR_RESET_REQUIRED;
+	snprintf(key, sizeof(key), "error:%s", fn);
+	if (num(gpu, key, 0))
+		return (int)num(gpu, key, 0);
 	snprintf(key, sizeof(key), "unsupported:%s", fn);
-	if (num(dev->index, key, 0))
+	if (num(gpu, key, 0))
+		return ERR_NOT_SUPPORTED;
+	if (dev->mig >= 0 && !mig_capable(fn))
 		return ERR_NOT_SUPPORTED;
 	return OK;
 }
 
-#define GUARD(dev, fn)                                                                     \
+/* Queries NVML refuses on a GPU while MIG mode is on (nvml.h: utilization, encoder and
+ * decoder utilization, remapped rows): they come back when MIG is turned off. */
+#define NOT_WHILE_MIG(dev)                                                                 \
 	do {                                                                               \
-		int guarded = guard((dev), (fn));                                          \
-		if (guarded != OK)                                                         \
-			return guarded;                                                    \
+		if (num((dev)->index, "mig_mode", 0))                                      \
+			return ERR_NOT_SUPPORTED;                                          \
 	} while (0)
 
 #define NUM_GETTER(fn, type, key, fallback)                                                \
@@ -197,9 +210,14 @@ int nvmlInitWithFlags(unsigned int flags)
 	(void)flags;
 	if (!path || load(path) != 0)
 		return ERR_DRIVER_NOT_LOADED;
-	for (int i = 0; i < MAX_GPUS; i++)
-		devices[i].index = i;
+	for (int i = 0; i < MAX_GPUS; i++) {
+		devices[i] = (struct device){.index = i, .mig = -1};
+		for (int m = 0; m < MAX_MIG; m++)
+			mig_devices[i][m] = (struct device){.index = i, .mig = m};
+	}
 	clock_gettime(CLOCK_MONOTONIC, &started);
+	if (num(-1, "init_error", 0))
+		return (int)num(-1, "init_error", 0);
 	initialised = 1;
 	return OK;
 }
@@ -225,12 +243,30 @@ const char *nvmlErrorString(int result)
 	switch (result) {
 	case OK:
 		return "Success";
+	case ERR_UNINITIALIZED:
+		return "Uninitialized";
+	case ERR_INVALID_ARGUMENT:
+		return "Invalid Argument";
 	case ERR_NOT_SUPPORTED:
 		return "Not Supported";
-	case ERR_GPU_IS_LOST:
-		return "GPU is lost";
+	case ERR_NO_PERMISSION:
+		return "Insufficient Permissions";
+	case ERR_NOT_FOUND:
+		return "Not Found";
+	case ERR_INSUFFICIENT_SIZE:
+		return "Insufficient Size";
+	case ERR_DRIVER_NOT_LOADED:
+		return "Driver Not Loaded";
 	case ERR_TIMEOUT:
 		return "Timeout";
+	case ERR_GPU_IS_LOST:
+		return "GPU is lost";
+	case ERR_RESET_REQUIRED:
+		return "GPU requires reset";
+	case ERR_ARGUMENT_VERSION_MISMATCH:
+		return "Argument version mismatch";
+	case ERR_GPU_NOT_FOUND:
+		return "GPU not found";
 	default:
 		return "Unknown Error";
 	}
@@ -254,19 +290,26 @@ int nvmlDeviceGetCount_v2(unsigned int *count)
 
 int nvmlDeviceGetHandleByIndex_v2(unsigned int index, struct device **out)
 {
+	char key[96];
+
 	if (!initialised)
 		return ERR_UNINITIALIZED;
 	if ((int)index >= gpu_count())
 		return ERR_INVALID_ARGUMENT;
 	*out = &devices[index];
+	snprintf(key, sizeof(key), "error:%s", "nvmlDeviceGetHandleByIndex_v2");
+	if (num((int)index, key, 0))
+		return (int)num((int)index, key, 0);
 	return num((int)index, "lost", 0) ? ERR_GPU_IS_LOST : OK;
 }
 
+/* A string property; a MIG device reads its own (mig<slot>_<key>) on its parent GPU. */
 #define STR_GETTER(fn, key)                                                                \
 	int fn(struct device *dev, char *out, unsigned int size)                           \
 	{                                                                                  \
 		GUARD(dev, #fn);                                                           \
-		copy_str(out, size, prop(dev->index, key));                                \
+		copy_str(out, size,                                                        \
+			 prop(dev->index, dev->mig < 0 ? key : mig_key(dev, key)));        \
 		return OK;                                                                 \
 	}
 
@@ -292,32 +335,65 @@ int nvmlDeviceGetPciInfo_v3(struct device *dev, pci_info_t *out)
 int nvmlDeviceGetUtilizationRates(struct device *dev, unsigned int out[2])
 {
 	GUARD(dev, "nvmlDeviceGetUtilizationRates");
+	NOT_WHILE_MIG(dev);
 	out[0] = (unsigned int)num(dev->index, "utilization_gpu", 0);
 	out[1] = (unsigned int)num(dev->index, "utilization_memory", 0);
 	return OK;
 }
 
-static void memory(int gpu, ull *total, ull *free_bytes, ull *used)
+static int codec_utilization(struct device *dev, const char *fn, const char *key,
+			     unsigned int *util, unsigned int *period_us)
 {
-	*total = num(gpu, "memory_total_mib", 0) << 20;
-	*used = num(gpu, "memory_used_mib", 0) << 20;
-	*free_bytes = *total > *used ? *total - *used : 0;
+	GUARD(dev, fn);
+	NOT_WHILE_MIG(dev);
+	*util = (unsigned int)num(dev->index, key, 0);
+	*period_us = 167000;
+	return OK;
+}
+
+int nvmlDeviceGetEncoderUtilization(struct device *dev, unsigned int *util, unsigned int *period)
+{
+	return codec_utilization(dev, "nvmlDeviceGetEncoderUtilization", "utilization_encoder",
+				 util, period);
+}
+
+int nvmlDeviceGetDecoderUtilization(struct device *dev, unsigned int *util, unsigned int *period)
+{
+	return codec_utilization(dev, "nvmlDeviceGetDecoderUtilization", "utilization_decoder",
+				 util, period);
+}
+
+/* Total, reserved, free and used bytes of a GPU, or of a MIG device's slice of it. */
+static void memory(const struct device *dev, ull *total, ull *reserved, ull *free_bytes,
+		   ull *used)
+{
+	int gpu = dev->index;
+	int mig = dev->mig >= 0;
+
+	*total = num(gpu, mig ? mig_key(dev, "memory_total_mib") : "memory_total_mib", 0) << 20;
+	*used = num(gpu, mig ? mig_key(dev, "memory_used_mib") : "memory_used_mib", 0) << 20;
+	*reserved = mig ? 0 : num(gpu, "memory_reserved_mib", 0) << 20;
+	*free_bytes = *total > *used + *reserved ? *total - *used - *reserved : 0;
 }
 
 int nvmlDeviceGetMemoryInfo(struct device *dev, ull out[3])
 {
+	ull reserved;
+
 	GUARD(dev, "nvmlDeviceGetMemoryInfo");
-	memory(dev->index, &out[0], &out[1], &out[2]);
+	memory(dev, &out[0], &reserved, &out[1], &out[2]);
 	return OK;
 }
 
+/* nvmlMemory_v2_t: version, then total, reserved, free, used (8-byte aligned). */
 int nvmlDeviceGetMemoryInfo_v2(struct device *dev, void *raw)
 {
-	ull *out = (ull *)((char *)raw + 8); /* after the version field and its padding */
+	ull *out = (ull *)((char *)raw + 8);
 
 	GUARD(dev, "nvmlDeviceGetMemoryInfo_v2");
-	out[1] = 0; /* reserved */
-	memory(dev->index, &out[0], &out[2], &out[3]);
+	if (*(unsigned int *)raw != (40U | (2U << 24)))
+		return ERR_ARGUMENT_VERSION_MISMATCH;
+	memory(dev, &out[0], &out[1], &out[2], &out[3]);
 	return OK;
 }
 
@@ -345,6 +421,7 @@ int nvmlDeviceGetMarginTemperature(struct device *dev, int out[2])
 NUM_GETTER(nvmlDeviceGetPowerUsage, unsigned int, "power_mw", 0)
 NUM_GETTER(nvmlDeviceGetEnforcedPowerLimit, unsigned int, "power_limit_mw", 700000)
 NUM_GETTER(nvmlDeviceGetPowerManagementLimit, unsigned int, "power_limit_mw", 700000)
+NUM_GETTER(nvmlDeviceGetTotalEnergyConsumption, ull, "energy_mj", 0)
 NUM_GETTER(nvmlDeviceGetCurrentClocksEventReasons, ull, "clocks_event_reasons", 0)
 NUM_GETTER(nvmlDeviceGetCurrentClocksThrottleReasons, ull, "clocks_event_reasons", 0)
 NUM_GETTER(nvmlDeviceGetCurrPcieLinkGeneration, unsigned int, "pcie_gen", 5)
@@ -397,6 +474,7 @@ int nvmlDeviceGetRemappedRows(struct device *dev, unsigned int *corrected,
 			      unsigned int *uncorrected, unsigned int *pending, unsigned int *failed)
 {
 	GUARD(dev, "nvmlDeviceGetRemappedRows");
+	NOT_WHILE_MIG(dev);
 	*corrected = (unsigned int)num(dev->index, "remap_corrected", 0);
 	*uncorrected = (unsigned int)num(dev->index, "remap_uncorrected", 0);
 	*pending = (unsigned int)num(dev->index, "remap_pending", 0);
@@ -448,7 +526,7 @@ int nvmlDeviceGetComputeRunningProcesses_v3(struct device *dev, unsigned int *co
 	const char *value;
 
 	GUARD(dev, "nvmlDeviceGetComputeRunningProcesses_v3");
-	value = prop(dev->index, "processes");
+	value = prop(dev->index, dev->mig < 0 ? "processes" : mig_key(dev, "processes"));
 	copy_str(list, sizeof(list), value);
 	for (char *item = strtok(list, ","); item; item = strtok(NULL, ",")) {
 		if (out && found < *count) {
@@ -466,87 +544,4 @@ int nvmlDeviceGetComputeRunningProcesses_v3(struct device *dev, unsigned int *co
 	}
 	*count = found;
 	return OK;
-}
-
-int nvmlDeviceGetGpuFabricInfo(struct device *dev, unsigned char *raw)
-{
-	const char *state;
-
-	GUARD(dev, "nvmlDeviceGetGpuFabricInfo");
-	state = prop(dev->index, "fabric_state");
-	if (!state)
-		return ERR_NOT_SUPPORTED;
-	memset(raw, 0, 16);
-	((unsigned int *)(raw + 16))[0] = (unsigned int)num(dev->index, "fabric_status", 0);
-	((unsigned int *)(raw + 16))[1] = (unsigned int)num(dev->index, "fabric_clique", 1);
-	((unsigned int *)(raw + 16))[2] = (unsigned int)strtoul(state, NULL, 10);
-	return OK;
-}
-
-int nvmlEventSetCreate(struct event_set **out)
-{
-	if (!initialised)
-		return ERR_UNINITIALIZED;
-	*out = calloc(1, sizeof(**out));
-	return *out ? OK : ERR_UNKNOWN;
-}
-
-int nvmlDeviceRegisterEvents(struct device *dev, ull types, struct event_set *set)
-{
-	GUARD(dev, "nvmlDeviceRegisterEvents");
-	if (!set)
-		return ERR_INVALID_ARGUMENT;
-	set->mask[dev->index] |= types;
-	return OK;
-}
-
-int nvmlEventSetFree(struct event_set *set)
-{
-	free(set);
-	return OK;
-}
-
-/* The next registered event ("event" lines: "TYPE DATA") after the set's cursor. */
-static int next_event(struct event_set *set, ull *type, ull *data)
-{
-	for (int i = set->cursor; i < n_entries; i++) {
-		struct entry *e = &entries[i];
-
-		if (strcmp(e->key, "event") != 0 || e->gpu < 0 || e->gpu >= MAX_GPUS)
-			continue;
-		if (sscanf(e->value, "%llu %llu", type, data) != 2 || !(set->mask[e->gpu] & *type))
-			continue;
-		return i;
-	}
-	return -1;
-}
-
-int nvmlEventSetWait_v2(struct event_set *set, event_data_t *out, unsigned int timeout_ms)
-{
-	double deadline = now_s() + timeout_ms / 1000.0;
-
-	if (!initialised)
-		return ERR_UNINITIALIZED;
-	for (;;) {
-		ull type = 0, data = 0;
-		int i = next_event(set, &type, &data);
-		double now = now_s();
-
-		if (i >= 0 && entries[i].t <= now) {
-			memset(out, 0, sizeof(*out));
-			out->device = &devices[entries[i].gpu];
-			out->eventType = type;
-			out->eventData = data;
-			set->cursor = i + 1;
-			return OK;
-		}
-		if (now >= deadline)
-			return ERR_TIMEOUT;
-		sleep_s(i >= 0 && entries[i].t < deadline ? entries[i].t - now : deadline - now);
-	}
-}
-
-int nvmlEventSetWait(struct event_set *set, event_data_t *out, unsigned int timeout_ms)
-{
-	return nvmlEventSetWait_v2(set, out, timeout_ms);
 }

@@ -22,6 +22,7 @@ import yaml
 
 SCENARIO_ENV = "DENPEX_FAKE_NVML_SCENARIO"  # the line file, read by the C library at nvmlInit
 LIBRARY_NAME = "libnvidia-ml.so.1"
+SOURCES = ("fake.h", "fake.c", "fake_mig.c", "fake_events.c")  # the C library, shipped as source
 
 # property → type; the C library reads each under the same name
 INT_PROPERTIES = (
@@ -60,14 +61,62 @@ INT_PROPERTIES = (
     "fabric_state",
     "fabric_status",
     "fabric_clique",
+    "fabric_health_mask",
+    "fabric_health_summary",
+    "fabric_info_max_version",
     "lost",
+    "reset_required",
     "pci_device_id",
+    "memory_reserved_mib",
+    "memory_temperature_c",
+    "energy_mj",
+    "utilization_encoder",
+    "utilization_decoder",
+    "nvlink_tx_kib",
+    "nvlink_rx_kib",
+    "recovery_action",
+    "supported_events",
+    "mig_mode",
+    "mig_mode_pending",
 )
 STR_PROPERTIES = ("name", "uuid", "serial", "pci_bus_id", "processes")
-# nvlink<N>_active / nvlink<N>_<counter> and unsupported:<nvml function> are also accepted
+# nvlink<N>_active / nvlink<N>_<counter>, unsupported:<nvml function> (answers NOT_SUPPORTED)
+# and error:<nvml function> (answers the NVML return code named in NVML_RETURN) are accepted
 NVLINK_COUNTERS = ("active", "replay", "recovery", "crc_flit", "crc_data", "ecc_data")
-EVENT_TYPES = {"single_bit_ecc": 0x1, "double_bit_ecc": 0x2, "xid": 0x8}
+EVENT_TYPES = {
+    "single_bit_ecc": 0x1,
+    "double_bit_ecc": 0x2,
+    "xid": 0x8,
+    "recovery_action": 0x8000,
+}
 TIMELINE_ACTIONS = ("set", "xid", "event", "hang")
+# nvmlReturn_t codes a scenario can make a call answer (nvml.h)
+NVML_RETURN = {
+    "not_supported": 3,
+    "no_permission": 4,
+    "not_found": 6,
+    "insufficient_power": 8,
+    "timeout": 10,
+    "irq_issue": 11,
+    "gpu_is_lost": 15,
+    "reset_required": 16,
+    "argument_version_mismatch": 25,
+    "gpu_not_found": 28,
+    "unknown": 999,
+}
+# one MIG device of a GPU's `mig` list → the mig<slot>_<name> properties the C library reads
+MIG_FIELDS = {
+    "gi": int,
+    "ci": int,
+    "profile_id": int,
+    "slices": int,
+    "memory_mib": int,
+    "used_mib": int,
+    "uuid": str,
+    "name": str,
+    "processes": str,
+}
+MIG_PROPERTY = {"memory_mib": "memory_total_mib", "used_mib": "memory_used_mib"}
 
 DEFAULTS: dict[str, Any] = {
     "name": "NVIDIA H100 80GB HBM3",
@@ -101,10 +150,38 @@ class Line:
 def _check_property(key: str, value: Any, where: str) -> str | None:
     if key in STR_PROPERTIES:
         return None if isinstance(value, str | int) else f"{where}.{key}: a string"
+    if key.startswith("error:"):
+        ok = value in NVML_RETURN or (isinstance(value, int) and value > 0)
+        return None if ok else f"{where}.{key}: one of {', '.join(NVML_RETURN)}"
     if key in INT_PROPERTIES or _is_nvlink_key(key) or key.startswith("unsupported:"):
         ok = isinstance(value, bool | int) and int(value) >= 0
         return None if ok else f"{where}.{key}: a non-negative integer"
     return f"{where}.{key}: unknown property"
+
+
+def _mig_lines(devices: Any, index: int, where: str) -> tuple[list[Line], list[str]]:
+    """A GPU's `mig` list (one mapping per MIG device) → its mig_count and mig<slot>_* lines."""
+    if not isinstance(devices, list) or len(devices) > 7:
+        return [], [f"{where}.mig: a list of at most 7 MIG devices"]
+    lines, problems = [Line(0.0, index, "mig_count", str(len(devices)))], []
+    for slot, device in enumerate(devices):
+        if not isinstance(device, Mapping):
+            problems.append(f"{where}.mig[{slot}]: a mapping of {', '.join(MIG_FIELDS)}")
+            continue
+        fields = {
+            "uuid": f"MIG-{index:08x}-{slot:04x}-4e56-8d2f-fake{slot:08x}",
+            "name": f"NVIDIA H100 80GB HBM3 MIG {device.get('slices', 1)}g",
+            "ci": 0,
+            **device,
+        }
+        for name, value in fields.items():
+            kind = MIG_FIELDS.get(str(name))
+            if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+                problems.append(f"{where}.mig[{slot}].{name}: unknown or not a {kind}")
+                continue
+            key = f"mig{slot}_{MIG_PROPERTY.get(str(name), name)}"
+            lines.append(Line(0.0, index, key, str(value)))
+    return lines, problems
 
 
 def _is_nvlink_key(key: str) -> bool:
@@ -112,7 +189,9 @@ def _is_nvlink_key(key: str) -> bool:
     return head.startswith("nvlink") and head[6:].isdigit() and counter in NVLINK_COUNTERS
 
 
-def _value(value: Any) -> str:
+def _value(value: Any, key: str = "") -> str:
+    if key.startswith("error:") and isinstance(value, str):
+        return str(NVML_RETURN[value])  # the return code, named in the scenario
     return str(int(value)) if isinstance(value, bool) else str(value)
 
 
@@ -130,13 +209,19 @@ def compile_scenario(data: Mapping[str, Any], where: str = "scenario") -> list[L
     problems: list[str] = []
     if not isinstance(data, Mapping):
         raise ScenarioError(f"{where}: a YAML mapping (gpus, defaults, gpu, timeline)")
-    unknown = set(data) - {"description", "gpus", "driver_version", "defaults", "gpu", "timeline"}
+    known = {"description", "gpus", "driver_version", "init_error", "defaults", "gpu", "timeline"}
+    unknown = set(data) - known
     problems += [f"{where}: unknown key {k!r}" for k in sorted(unknown, key=str)]
     count = data.get("gpus")
     if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 64:
         raise ScenarioError("; ".join([*problems, f"{where}.gpus: a number of GPUs, 0 to 64"]))
     lines = [Line(0.0, -1, "gpu_count", str(count))]
     lines.append(Line(0.0, -1, "driver_version", str(data.get("driver_version", "550.54.15"))))
+    if "init_error" in data:
+        if data["init_error"] not in NVML_RETURN:
+            problems.append(f"{where}.init_error: one of {', '.join(NVML_RETURN)}")
+        else:
+            lines.append(Line(0.0, -1, "init_error", str(NVML_RETURN[data["init_error"]])))
     defaults = {**DEFAULTS, **(data.get("defaults") or {})}
     per_gpu = data.get("gpu") or {}
     if not isinstance(per_gpu, Mapping):
@@ -147,12 +232,16 @@ def compile_scenario(data: Mapping[str, Any], where: str = "scenario") -> list[L
             problems.append(f"{where}.gpu.{index}: no such GPU (0..{count - 1})")
     for index in range(count):
         props = {**identity(index), **defaults, **(per_gpu.get(index) or {})}
+        if "mig" in props:
+            found, bad = _mig_lines(props.pop("mig"), index, f"{where}.gpu.{index}")
+            lines += found
+            problems += bad
         for key, value in props.items():
             problem = _check_property(str(key), value, f"{where}.gpu.{index}")
             if problem:
                 problems.append(problem)
             else:
-                lines.append(Line(0.0, index, str(key), _value(value)))
+                lines.append(Line(0.0, index, str(key), _value(value, str(key))))
     for n, step in enumerate(data.get("timeline") or []):
         problems += _timeline_step(step, count, f"{where}.timeline[{n}]", lines)
     if problems:
@@ -177,7 +266,11 @@ def _timeline_step(step: Any, count: int, where: str, out: list[Line]) -> list[s
         if not isinstance(props, Mapping):
             return [f"{where}.set: a mapping of properties"]
         problems = [p for k, v in props.items() if (p := _check_property(str(k), v, where))]
-        out += [Line(float(t), gpu, str(k), _value(v)) for k, v in props.items()]
+        out += [
+            Line(float(t), gpu, str(k), _value(v, str(k)))
+            for k, v in props.items()
+            if not _check_property(str(k), v, where)
+        ]
         return problems
     if action == "hang":
         hold = step.get("for_s", 3600)
@@ -194,7 +287,8 @@ def _timeline_step(step: Any, count: int, where: str, out: list[Line]) -> list[s
         kind, data = EVENT_TYPES["xid"], int(step["xid"])
     else:
         if step["event"] not in EVENT_TYPES or step["event"] == "xid":
-            return [f"{where}.event: one of single_bit_ecc, double_bit_ecc"]
+            names = ", ".join(e for e in EVENT_TYPES if e != "xid")
+            return [f"{where}.event: one of {names}"]
         kind, data = EVENT_TYPES[step["event"]], 0
     out += [Line(float(t) + i * every, gpu, "event", f"{kind} {data}") for i in range(repeat)]
     return []
@@ -224,8 +318,10 @@ def cache_dir() -> Path:
 def build_fake_library(where: Path | None = None) -> Path:
     """Compile the fake libnvidia-ml.so.1 (shipped as C source) with the system C compiler,
     once per source version; returns its path. FakeLibraryError when it cannot."""
-    source = resources.files("denpex.gpu.nvml").joinpath("fake.c").read_bytes()
-    folder = (where or cache_dir()) / hashlib.sha256(source).hexdigest()[:12]
+    package = resources.files("denpex.gpu.nvml")
+    sources = {name: package.joinpath(name).read_bytes() for name in SOURCES}
+    digest = hashlib.sha256(b"".join(sources[name] for name in SOURCES)).hexdigest()[:12]
+    folder = (where or cache_dir()) / digest
     target = folder / LIBRARY_NAME
     if target.exists():
         return target
@@ -238,11 +334,12 @@ def build_fake_library(where: Path | None = None) -> Path:
         )
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as scratch:
-        c_file = Path(scratch, "fake_nvml.c")
-        c_file.write_bytes(source)
+        for name, text in sources.items():
+            Path(scratch, name).write_bytes(text)
         built = Path(scratch, LIBRARY_NAME)
+        c_files = [str(Path(scratch, name)) for name in SOURCES if name.endswith(".c")]
         result = subprocess.run(
-            [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), str(c_file)],
+            [compiler, "-shared", "-fPIC", "-O2", "-o", str(built), *c_files],
             capture_output=True,
             text=True,
             timeout=120,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -21,6 +21,7 @@ from denpex.core.diagnosis import ACTIONS
 from denpex.core.events import SEVERITIES
 
 TABLE_FIELDS = ("detector", "count", "window_s")
+OPTIONAL_FIELDS = ("title",)  # the catalog's name of the code (dcgm-exporter's err_msg)
 # what a site may change per code; the category is what the code means (its detector's)
 OVERRIDE_FIELDS = ("severity", "action", "count", "window_s")
 
@@ -47,6 +48,7 @@ class XidRule:
 class XidTable:
     codes: Mapping[int, XidRule]
     default: XidRule
+    titles: Mapping[int, str] = field(default_factory=dict)
 
     def rule(self, xid: int) -> XidRule:
         return self.codes.get(xid, self.default)
@@ -101,12 +103,14 @@ def parse_table(data: Mapping[str, Any], where: str = "xid.yaml") -> XidTable:
             problems.append(f"{where}:codes.{code}: an Xid number")
             continue
         fields = fields or {}
-        problems += _problems(f"{where}:codes.{code}", fields, TABLE_FIELDS)
+        problems += _problems(f"{where}:codes.{code}", fields, TABLE_FIELDS + OPTIONAL_FIELDS)
         problems += [f"{where}:codes.{code}.{f}: required" for f in TABLE_FIELDS if f not in fields]
     if problems:
         raise XidTableError("; ".join(problems))
     return XidTable(
-        codes={code: _rule(fields) for code, fields in codes.items()}, default=_rule(default)
+        codes={code: _rule(fields) for code, fields in codes.items()},
+        default=_rule(default),
+        titles={code: str(f["title"]) for code, f in codes.items() if f.get("title")},
     )
 
 
@@ -139,7 +143,7 @@ def merge_overrides(table: XidTable, overrides: Mapping[Any, Any] | None) -> Xid
         codes[code] = replace(table.rule(code), **dict(fields))
     if problems:
         raise XidTableError("; ".join(problems))
-    return XidTable(codes=codes, default=table.default)
+    return XidTable(codes=codes, default=table.default, titles=table.titles)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
-"""A 4-rank DDP job on CPU (gloo) whose rank 2 gets one bit flipped in a parameter at step 6;
-dx.watch (replica checksums every step) must report it, then the job exits 1.
+"""A DDP job on CPU (gloo) whose rank R gets one bit flipped in a parameter at step 6;
+dx.watch (replica checksums every step) must report it. By default the flipped rank then exits
+1; with --exit-code 0 every rank exits 0, as a job whose silent corruption crashes nothing.
 
-Usage: run_ddp_bitflip.py [--ranks N] [--flip-rank R]. Ranks are forked processes with RANK
-set, as torchrun would start them.
+Usage: run_ddp_bitflip.py [--ranks N] [--flip-rank R] [--exit-code C]. Ranks are forked
+processes with RANK set, as torchrun would start them.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rank_main(rank: int, world: int, flip_rank: int, port: int) -> int:
+def rank_main(rank: int, world: int, flip_rank: int, port: int, exit_code: int) -> int:
     import torch
     import torch.distributed as dist
 
@@ -48,13 +49,14 @@ def rank_main(rank: int, world: int, flip_rank: int, port: int) -> int:
         guard.step(loss.item())
     guard.close()
     dist.destroy_process_group()
-    return 1 if rank == flip_rank else 0
+    return exit_code if rank == flip_rank else 0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--flip-rank", type=int, default=2)
+    parser.add_argument("--exit-code", type=int, default=1, help="of the flipped rank")
     args = parser.parse_args()
     port = free_port()
     pids = []
@@ -63,7 +65,7 @@ def main() -> int:
         if pid == 0:
             code = 1
             try:
-                code = rank_main(rank, args.ranks, args.flip_rank, port)
+                code = rank_main(rank, args.ranks, args.flip_rank, port, args.exit_code)
             finally:
                 sys.stdout.flush()
                 sys.exit(code)

@@ -1,5 +1,6 @@
-"""Pure rules behind the progress watchdog: the hang deadline, which rank(s) a hang names, and
-which rank straggles. No I/O, no clocks: callers pass `now` and what the heartbeats said.
+"""Progress rules over the heartbeats of a job's ranks (the SDK's watchdog): the hang deadline,
+which rank(s) a hang names, and which rank straggles. No I/O, no clocks: callers pass `now`
+and what the heartbeats said; the thresholds are ProgressRules (thresholds.yaml).
 
 Never name a rank without a reason recorded in the evidence (unresponsive, behind, outside
 the collectives the others wait in, or all stalled).
@@ -9,53 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, fields
-from statistics import median
+from dataclasses import dataclass
 from typing import Any
 
 from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
+from denpex.series.thresholds import ProgressRules
+from denpex.series.throughput import slower_than_peers
 
 WAITING_PLACES = ("collective", "backward")  # where a rank waits for its peers
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Options of the progress monitor (pass them to `dx.watch(..., name=value)`)."""
-
-    hang_floor_s: float = 120.0  # never call a hang before this many seconds without a step
-    hang_ratio: float = 2.0  # ... nor before this many median step times
-    hang_startup_s: float = 600.0  # deadline while no step time is known yet (first step)
-    straggler_ratio: float = 1.10  # step time ≥ this × the group's median
-    straggler_window: int = 20  # steps each rank's median step time is taken over
-    straggler_min_s: float = 0.005  # ignore differences smaller than this (timer noise)
-    watchdog_interval_s: float = 1.0  # how often the watchdog writes and reads heartbeats
-    unresponsive_s: float = 5.0  # a rank whose watchdog is silent this long is stopped/dead
-    store_timeout_s: float = 5.0  # one Store call gives up after this long
-    metric_every_s: float = 30.0  # how often the step-time metric is emitted
-    readers: int = 3  # the lowest ranks of the group that read every heartbeat and report
-
-    @classmethod
-    def from_options(cls, options: Mapping[str, Any]) -> Thresholds:
-        """Known fields from `options` (other keys belong to other parts of the SDK)."""
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            if options.get(f.name) is not None:
-                kind = int if f.name in ("straggler_window", "readers") else float
-                values[f.name] = kind(options[f.name])
-        return cls(**values)
-
-    @property
-    def unresponsive_limit(self) -> float:
-        return max(self.unresponsive_s, 3 * self.watchdog_interval_s)
-
-    def deadline(self, views: Iterable[PeerView]) -> float:
-        """max(hang_ratio × the group's median step time, floor); the start-up deadline while
-        no rank has a step time yet."""
-        intervals = [v.interval_s for v in views if v.interval_s is not None and not v.closed]
-        if not intervals:
-            return max(self.hang_floor_s, self.hang_startup_s)
-        return max(self.hang_ratio * median(intervals), self.hang_floor_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +93,11 @@ class Hang:
         return _sdk_evidence(event, self.signature, evidence_id, captures, values)
 
 
+def deadline_of(views: Iterable[PeerView], th: ProgressRules) -> float:
+    """The hang deadline for these ranks: from the step times of those still running."""
+    return th.deadline([v.interval_s for v in views if v.interval_s is not None and not v.closed])
+
+
 def hang_evidence_id(hang: Hang) -> str:
     """Stable across reporters, so that receivers keep one copy of the same hang."""
     return f"sdk:train.hang:{','.join(str(v.rank) for v in hang.culprits)}:{hang.step}"
@@ -138,17 +106,18 @@ def hang_evidence_id(hang: Hang) -> str:
 def judge_hang(
     views: Iterable[PeerView],
     now: float,
-    th: Thresholds,
+    th: ProgressRules,
     reporters: Collection[int] | None = None,
 ) -> Hang | None:
     """A hang when some rank completed no step within the deadline; names the rank(s) that
-    hold the others up. The reporter is the lowest live rank among `reporters` (None: any). Ranks never heard from (`seen=False`) never trigger a hang, since
-    not every rank may run a monitor, but they are named when one happens."""
+    hold the others up. The reporter is the lowest live rank among `reporters` (None: any).
+    Ranks never heard from (`seen=False`) never trigger a hang, since not every rank may run
+    a monitor, but they are named when one happens."""
     views = [v for v in views if not v.closed]
     active = [v for v in views if v.seen]
     if not active:
         return None
-    deadline = th.deadline(active)
+    deadline = deadline_of(active, th)
     if not any(now - v.step_changed_at > deadline for v in active):
         return None
     # Who is stuck: every rank without a step for half the deadline (≥ one median step),
@@ -212,9 +181,9 @@ class Straggler:
             "reporter_rank": str(reporter),
         }
         values = {
-            "step_ms": self.step_s * 1000,
+            "pace": f"its steps take {self.step_s * 1000:.0f} ms",
+            "peers_pace": f"{self.group_median_s * 1000:.0f} ms",
             "above_pct": (ratio - 1) * 100,
-            "median_ms": self.group_median_s * 1000,
         }
         evidence_id = f"sdk:train.straggler:{self.rank}:{self.step}"
         return _sdk_evidence(event, "train.straggler.step_time", evidence_id, captures, values)
@@ -234,17 +203,10 @@ def _sdk_evidence(
     return evidence
 
 
-def find_stragglers(views: Iterable[PeerView], th: Thresholds) -> list[Straggler]:
+def find_stragglers(views: Iterable[PeerView], th: ProgressRules) -> list[Straggler]:
     """Ranks whose median step time over the window is ≥ ratio × the median of their peers'
     (the peers, not the whole group, so that two ranks compare with each other)."""
-    timed = [v for v in views if v.busy_s is not None and not v.closed]
-    if len(timed) < 2:
-        return []
-    found = []
-    for view in timed:
-        assert view.busy_s is not None
-        peers = median(v.busy_s for v in timed if v is not view and v.busy_s is not None)
-        slow = view.busy_s >= th.straggler_ratio * peers
-        if slow and view.busy_s - peers >= th.straggler_min_s:
-            found.append(Straggler(view.rank, view.step, view.busy_s, peers))
-    return found
+    timed = {v.rank: v for v in views if v.busy_s is not None and not v.closed}
+    busy = {rank: v.busy_s for rank, v in timed.items() if v.busy_s is not None}
+    slow = slower_than_peers(busy, th.straggler_ratio, th.straggler_min_s)
+    return [Straggler(s.member, timed[s.member].step, s.value, s.peers_median) for s in slow]

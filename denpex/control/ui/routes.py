@@ -1,0 +1,318 @@
+"""The UI's routes on the FastAPI app: login/logout, fleet (`/`), incident, evidence, host
+and jobs pages, the vendored static files, and the security headers on every response.
+
+Each page obtains its Principal through session.principal_of (denpex.enterprise's
+authenticate + authorize, as the API does) and its data through `store.scoped(principal)`;
+every POST checks the session's CSRF token. It must never render a page for a request it
+could not authenticate, nor show one tenant's data to another (a foreign id is a 404).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
+
+from denpex import __version__
+from denpex.control.store import Conflict, NotFound, decode_cursor
+from denpex.control.timefmt import iso
+from denpex.control.ui.graph import causal_svg, row_anchor
+from denpex.control.ui.session import (
+    COOKIE,
+    MAX_AGE_S,
+    CsrfRefused,
+    LoginRequired,
+    Session,
+    SessionCodec,
+    check_csrf,
+    new_session,
+    principal_of,
+)
+from denpex.control.ui.views import fleet as fleet_view
+from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
+from denpex.enterprise import AuthError, Principal, authenticate, authorize
+from denpex.lite.report_html import timeline_svg
+
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+MAX_FORM_BYTES = 16 * 1024
+
+
+class UiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("denpex.control.ui", "templates"),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["iso"] = lambda ns: (iso(ns) or "—").replace("T", " ")[:19]
+    env.filters["pct"] = lambda x: f"{float(x or 0):.2f}"
+    env.globals["version"] = __version__
+    return env
+
+
+def mount_ui(app: FastAPI, rt: Any) -> None:
+    """Add the UI to `app` (the Runtime `rt` of denpex.control.api)."""
+    env = _environment()
+    codec = SessionCodec(rt.store)
+    app.add_middleware(_SecurityHeaders)
+    app.mount("/static", StaticFiles(packages=[("denpex.control.ui", "static")]), name="static")
+
+    def session_of(request: Request) -> Session | None:
+        return codec.open(request.cookies.get(COOKIE))
+
+    def who(request: Request, *actions: str) -> tuple[Principal, Session]:
+        session = session_of(request)
+        try:
+            found = principal_of(session, rt.tokens, actions[0])
+            for action in actions[1:]:
+                authorize(found, action)
+        except AuthError as exc:
+            raise UiError(exc.status, exc.message) from None
+        assert session is not None  # principal_of raised otherwise
+        return found, session
+
+    def page(
+        request: Request,
+        name: str,
+        session: Session,
+        principal: Principal | None,
+        code: int = 200,
+        **context: Any,
+    ) -> HTMLResponse:
+        body = env.get_template(name).render(
+            request=request,
+            csrf=session.csrf,
+            principal=principal,
+            may_write=bool(principal and principal.may("incidents:write")),
+            path=request.url.path,
+            **context,
+        )
+        return HTMLResponse(body, status_code=code, headers={"Cache-Control": "no-store"})
+
+    def set_session(response: Response, request: Request, session: Session) -> Response:
+        response.set_cookie(
+            COOKIE,
+            codec.seal(session),
+            max_age=MAX_AGE_S,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def form_of(request: Request) -> dict[str, str]:
+        """The urlencoded form of a POST, after the same-origin and CSRF checks."""
+        origin = request.headers.get("origin")
+        if origin and origin != f"{request.url.scheme}://{request.url.netloc}":
+            raise CsrfRefused()
+        body = await request.body()
+        if len(body) > MAX_FORM_BYTES:
+            raise UiError(413, "form too large")
+        fields = {k: v[0] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+        check_csrf(session_of(request), fields.get("csrf"))
+        return fields
+
+    # --- errors ------------------------------------------------------------------------------
+
+    @app.exception_handler(LoginRequired)
+    def _login(request: Request, _exc: LoginRequired) -> Response:
+        target = "/login?next=" + quote(request.url.path + _query(request), safe="")
+        if request.headers.get("hx-request"):
+            return Response(status_code=401, headers={"HX-Redirect": target})
+        return RedirectResponse(target, status_code=303)
+
+    @app.exception_handler(CsrfRefused)
+    def _csrf(request: Request, _exc: CsrfRefused) -> Response:
+        message = "form refused: it did not carry this session's CSRF token (reload the page)"
+        return error(request, 403, message)
+
+    @app.exception_handler(UiError)
+    def _ui_error(request: Request, exc: UiError) -> Response:
+        return error(request, exc.status, exc.message)
+
+    def error(request: Request, status: int, message: str) -> HTMLResponse:
+        session = session_of(request) or new_session()
+        return page(request, "error.html", session, None, status, status=status, message=message)
+
+    def guarded(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except NotFound as exc:
+            raise UiError(404, str(exc)) from None
+        except Conflict as exc:
+            raise UiError(409, str(exc)) from None
+
+    # --- login -------------------------------------------------------------------------------
+
+    @app.get("/login", include_in_schema=False)
+    def login_form(request: Request, next: str = "/") -> Response:
+        session = session_of(request)
+        if session is not None and session.token is not None:
+            return RedirectResponse(_safe_next(next), status_code=303)
+        session = session or new_session()
+        response = page(request, "login.html", session, None, next=_safe_next(next))
+        return set_session(response, request, session)
+
+    @app.post("/login", include_in_schema=False)
+    async def login(request: Request) -> Response:
+        fields = await form_of(request)
+        token = fields.get("token", "").strip()
+        target = _safe_next(fields.get("next", "/"))
+        try:
+            authenticate({"authorization": f"Bearer {token}"}, rt.tokens)
+        except AuthError:
+            session = session_of(request) or new_session()
+            message = "That token was not accepted: check it, or ask an admin for a new one."
+            return page(request, "login.html", session, None, 401, next=target, message=message)
+        response = RedirectResponse(target, status_code=303)
+        return set_session(response, request, new_session(token))  # a fresh CSRF token too
+
+    @app.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> Response:
+        await form_of(request)
+        return set_session(RedirectResponse("/login", status_code=303), request, new_session())
+
+    # --- pages -------------------------------------------------------------------------------
+
+    @app.get("/", include_in_schema=False)
+    def fleet_page(request: Request, state: str = "", category: str = "", q: str = "") -> Response:
+        principal, session = who(request, "hosts:read", "incidents:read")
+        store = rt.store.scoped(principal)
+        fleet = fleet_view(store, state=state or None, category=category or None, text=q)
+        return page(
+            request,
+            "fleet.html",
+            session,
+            principal,
+            fleet=fleet,
+            states=host_states(),
+            filters={"state": state, "category": category, "q": q},
+        )
+
+    @app.get("/incidents/{incident_id}", include_in_schema=False)
+    def incident_page(request: Request, incident_id: int) -> Response:
+        principal, session = who(request, "incidents:read", "evidence:read", "jobs:read")
+        store = rt.store.scoped(principal)
+        view = guarded(lambda: incident_view(store, incident_id))
+        for row in view.evidence:
+            row["anchor"] = row_anchor(row)
+        diagnosis = view.diagnosis or {}
+        entries = [e for e in diagnosis.get("timeline") or [] if isinstance(e, dict)]
+        cause_ids = {str(i) for i in (diagnosis.get("root_cause") or {}).get("evidence") or []}
+        return page(
+            request,
+            "incident.html",
+            session,
+            principal,
+            view=view,
+            root=diagnosis.get("root_cause") or {},
+            graph=Markup(causal_svg(view.incident, view.evidence)),
+            timeline=Markup(timeline_svg(entries, cause_ids)) if entries else None,
+        )
+
+    @app.post("/incidents/{incident_id}/{verb}", include_in_schema=False)
+    async def incident_transition(request: Request, incident_id: int, verb: str) -> Response:
+        to = {"acknowledge": "acknowledged", "resolve": "resolved"}.get(verb)
+        if to is None:
+            raise UiError(404, f"no action {verb!r} on an incident")
+        principal, _ = who(request, "incidents:write")
+        await form_of(request)
+        store = rt.store.scoped(principal)
+        guarded(
+            lambda: store.transition(incident_id, to, f"token:{principal.token_id}", time.time_ns())
+        )
+        return RedirectResponse(f"/incidents/{incident_id}", status_code=303)
+
+    @app.get("/evidence/{evidence_id:path}", include_in_schema=False)
+    def evidence_page(request: Request, evidence_id: str) -> Response:
+        principal, session = who(request, "evidence:read")
+        row = guarded(lambda: rt.store.scoped(principal).evidence(evidence_id))
+        row["layer"] = layer_of(row["category"])
+        return page(request, "evidence.html", session, principal, row=row)
+
+    @app.get("/hosts/{host}", include_in_schema=False)
+    def host_page(request: Request, host: str) -> Response:
+        principal, session = who(request, "hosts:read", "incidents:read", "jobs:read")
+        found = guarded(
+            lambda: rt.store.scoped(principal).host(host, since=None, until=None, limit=50)
+        )
+        for row in found["evidence"]:
+            row["layer"] = layer_of(row["category"])
+        return page(request, "host.html", session, principal, host=found)
+
+    @app.get("/jobs", include_in_schema=False)
+    def jobs_route(
+        request: Request,
+        job: str = "",
+        user: str = "",
+        category: str = "",
+        host: str = "",
+        cursor: str = "",
+    ) -> Response:
+        principal, session = who(request, "jobs:read")
+        filters = {"job": job, "user": user, "category": category, "host": host}
+        try:
+            after = decode_cursor(cursor, 2) if cursor else None
+        except ValueError:
+            raise UiError(400, "that page link is not one this server gave out") from None
+        found = jobs_page(rt.store.scoped(principal), filters, after)
+        return page(
+            request, "jobs.html", session, principal, jobs=found, filters=filters, cursor=cursor
+        )
+
+
+def _query(request: Request) -> str:
+    return f"?{request.url.query}" if request.url.query else ""
+
+
+def _safe_next(target: str) -> str:
+    """Only a path on this server (never `//host` or a scheme): no open redirect."""
+    parts = urlsplit(target or "/")
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    return target
+
+
+class _SecurityHeaders:
+    """Pure ASGI middleware: the CSP and framing headers on every response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                have = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in SECURITY_HEADERS if k not in have]
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)

@@ -1,0 +1,101 @@
+"""The UI's session: a sealed cookie (Fernet: AES + HMAC, keyed by a secret every replica
+reads from the store) carrying the visitor's bearer token and CSRF token.
+
+Every request re-authenticates the token through denpex.enterprise (a revoked token ends its
+sessions), so the session adds no second way in. It must never put the key or a token in a
+page, and never accept a state-changing form whose CSRF token is not the session's.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from denpex.control.store import Store
+from denpex.core import jsonio
+from denpex.enterprise import AuthError, Principal, TokenDirectory, authenticate, authorize
+
+COOKIE = "denpex_session"
+MAX_AGE_S = 12 * 3600  # a session outlives no working day; the token itself may live longer
+SECRET_NAME = "ui_session_key"
+
+
+class LoginRequired(Exception):
+    """No session, an expired one, or a token the directory no longer accepts."""
+
+
+class CsrfRefused(Exception):
+    """A state-changing request without the session's CSRF token."""
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    csrf: str
+    token: str | None = None  # None: a visitor who has not logged in yet
+
+
+class SessionCodec:
+    """Seals and opens session cookies with the store's shared key (fetched once, lazily:
+    the API alone never needs it)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._fernet: Fernet | None = None
+        self._lock = threading.Lock()
+
+    def _key(self) -> Fernet:
+        with self._lock:
+            if self._fernet is None:
+                key = self._store.server_secret(
+                    SECRET_NAME, lambda: Fernet.generate_key().decode(), time.time_ns()
+                )
+                self._fernet = Fernet(key.encode())
+            return self._fernet
+
+    def seal(self, session: Session) -> str:
+        body = jsonio.dumps({"c": session.csrf, "t": session.token})
+        return self._key().encrypt(body).decode()
+
+    def open(self, cookie: str | None) -> Session | None:
+        """The session in `cookie`, or None when it is absent, forged or older than MAX_AGE_S."""
+        if not cookie:
+            return None
+        try:
+            raw: Any = jsonio.loads(self._key().decrypt(cookie.encode(), ttl=MAX_AGE_S))
+        except (InvalidToken, ValueError):
+            return None
+        if not isinstance(raw, dict) or not isinstance(raw.get("c"), str):
+            return None
+        token = raw.get("t")
+        return Session(raw["c"], token if isinstance(token, str) else None)
+
+
+def new_session(token: str | None = None) -> Session:
+    return Session(secrets.token_urlsafe(32), token)
+
+
+def principal_of(session: Session | None, tokens: TokenDirectory, action: str) -> Principal:
+    """The session's Principal, authenticated and authorised exactly as an API request
+    carrying the same token would be: LoginRequired for a 401, AuthError 403 passes through."""
+    if session is None or session.token is None:
+        raise LoginRequired()
+    try:
+        found = authenticate({"authorization": f"Bearer {session.token}"}, tokens)
+    except AuthError:
+        raise LoginRequired() from None
+    authorize(found, action)
+    return found
+
+
+def check_csrf(session: Session | None, submitted: str | None) -> None:
+    """Raise CsrfRefused unless `submitted` is the session's CSRF token."""
+    if session is None or not submitted:
+        raise CsrfRefused()
+    if not hmac.compare_digest(session.csrf.encode(), submitted.encode()):
+        raise CsrfRefused()

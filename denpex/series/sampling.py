@@ -1,0 +1,119 @@
+"""Which lines of a log the series parser reads: every line whose loss (or another number) is
+NaN or Inf, found by the native matcher in one pass over a batch, and a deterministic sample of
+the other lines with numbers, found with one search per sampled line, so that the numbers of a
+long log cost the scanner a bounded share of its time; and the end of each log (Tail), read
+whole once the log ended, since where each series stopped is what a hang is measured from.
+
+Pure over the bytes it is handed: no clock, no I/O; the same log always gives the same lines.
+It never looks at a line it does not return (the per-line cost is what it saves).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import denpex._native as native
+from denpex.series.parse import LITERALS
+
+# A value NaN or Inf right after a key (`loss=nan`, `'loss': nan`, `lm loss: NAN`, `loss nan`,
+# JSON's `NaN`/`Infinity`): each 3-byte spelling is a literal the matcher's prefilter keys on
+NONFINITE_PATTERN = r"""(?:[:=]|loss) ?['"]?[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity|INITY)?\b"""
+# Every line with numbers is read until FULL_PARSE_LINES were; then at most one in `gap` bytes
+# of the log, the gap starting at MIN_GAP_BYTES and doubling every DOUBLE_EVERY lines read
+# up to MAX_GAP_BYTES, each gap drawn between half and one and a half of that (a fixed gap
+# would read the same rank of a round-robin log forever). A series of several MB then yields
+# some thousands of points per log, spread over every rank: medians, sustained spikes,
+# halvings measured from scale ratios and cumulative skipped counts hold on them.
+FULL_PARSE_LINES = 500
+DOUBLE_EVERY = 100
+MIN_GAP_BYTES = 2048
+MAX_GAP_BYTES = 64 * 1024
+_SEED = 0x5EED  # the sample is a function of the log alone
+# this much of the end of each log is kept and read whole when it ends: every series still
+# printing there gets its real last step and time (a sample can stop a gap short of them)
+TAIL_BYTES = 128 * 1024
+# the literals in one search from where the next sample may start: it stops at the first hit
+# (a bytes.find per literal would scan a whole batch for each one the log never prints)
+_LITERAL = re.compile(b"|".join(re.escape(literal) for literal in LITERALS))
+
+
+@dataclass(slots=True)
+class _Position:
+    """Where one log's sample stands: bytes of it seen, where the next sampled line may start
+    (both counted over the batches handed in), lines read so far."""
+
+    offset: int = 0
+    next_at: int = 0
+    sampled: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(_SEED))
+
+    def gap(self) -> int:
+        if self.sampled < FULL_PARSE_LINES:
+            return 0
+        doublings = (self.sampled - FULL_PARSE_LINES) // DOUBLE_EVERY
+        base = min(MAX_GAP_BYTES, MIN_GAP_BYTES << min(doublings, 16))
+        return int(base * (0.5 + self.rng.random()))
+
+
+class LineSampler:
+    """`lines_to_read(log, joined)` per batch of one log (its lines joined by newlines):
+    the indexes of the lines to parse, ascending."""
+
+    def __init__(self) -> None:
+        self._positions: dict[str, _Position] = {}
+        self._nonfinite = native.load("matcher").Matcher([NONFINITE_PATTERN])
+
+    def lines_to_read(self, log: str, joined: bytes) -> list[int]:
+        position = self._positions.setdefault(log, _Position())
+        chosen = set(self._sampled(position, joined))
+        chosen.update(index for index, _ in self._nonfinite.scan(joined))
+        position.offset += len(joined) + 1
+        return sorted(chosen)
+
+    def _sampled(self, position: _Position, joined: bytes) -> Iterator[int]:
+        """The sampled lines holding a literal, each the first after the previous one's gap."""
+        resume = max(0, position.next_at - position.offset)
+        index, counted_to = 0, 0  # the line number of byte `counted_to`
+        while (hit := _LITERAL.search(joined, resume)) is not None:
+            at = hit.start()
+            index += joined.count(b"\n", counted_to, at)
+            counted_to = at
+            yield index
+            position.sampled += 1
+            end = joined.find(b"\n", at)
+            resume = (end if end >= 0 else len(joined)) + 1 + position.gap()
+        position.next_at = position.offset + resume  # a gap past the batch runs on into the next
+
+
+Batch = TypeVar("Batch")
+
+
+class Tail(Generic[Batch]):
+    """The last `size` bytes of each log, as the batches that hold them."""
+
+    def __init__(self, size: int = TAIL_BYTES) -> None:
+        self.size = size
+        self._kept: dict[str, deque[tuple[int, Batch]]] = {}
+
+    def keep(self, log: str, nbytes: int, batch: Batch) -> None:
+        kept = self._kept.setdefault(log, deque())
+        kept.append((nbytes, batch))
+        newer = sum(n for n, _ in kept) - kept[0][0]
+        while len(kept) > 1 and newer >= self.size:
+            kept.popleft()
+            newer -= kept[0][0]
+
+    def batches(self, log: str) -> list[tuple[int, Batch]]:
+        """(bytes at its start that lie before the tail's `size`, batch), oldest first."""
+        kept = self._kept.get(log, deque())
+        before = sum(n for n, _ in kept) - self.size
+        found = []
+        for nbytes, batch in kept:
+            found.append((max(0, before), batch))
+            before -= nbytes
+        return found

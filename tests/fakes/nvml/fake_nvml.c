@@ -1,1 +1,0 @@
-../../../denpex/gpu/nvml_fake.c
