@@ -24,6 +24,7 @@ examples:
   denpex fabric check --golden golden.xml --nccl-topo /tmp/nccl-topo.xml
   denpex server --db sqlite:///var/lib/denpex/cp.db --listen 127.0.0.1:9479
   denpex policy test cases.yaml
+  denpex audit verify audit.jsonl --pubkey site.pub
   denpex bundle verify denpex-airgap-bundle-0.1.0-x86_64.tar.gz --pubkey release.pub
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
@@ -34,6 +35,7 @@ exit status: `denpex run` exits with the job's own status (128+N when a signal N
 def build_parser() -> argparse.ArgumentParser:
     from denpex.cli import (
         agent,
+        audit,
         bundle,
         compliance,
         doctor,
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         fabric,
         login,
         policy,
+        remediate,
         run,
         scan,
         server,
@@ -70,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_parser(commands)
     login.add_parser(commands)
     compliance.add_parser(commands)
+    audit.add_parser(commands)
+    remediate.add_parser(commands)
     return parser
 
 

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
-from denpex.cli.common import UsageError
+from denpex.cli.common import UsageError, db_option, db_url, open_store
 
 DESCRIPTION = """\
 Serve the control plane: OTLP/HTTP ingest (/v1/logs, /v1/metrics) for node agents, job
@@ -36,7 +37,7 @@ def add_parser(commands) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _db_option(parser)
+    db_option(parser)
     parser.add_argument(
         "--listen", metavar="HOST:PORT", default="127.0.0.1:9479", help="address to serve on"
     )
@@ -72,6 +73,18 @@ def add_parser(commands) -> None:
         "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
     )
     parser.add_argument(
+        "--remediation-backend",
+        choices=("slurm",),
+        help="let the leader run remediation plans on this scheduler (default: plans are "
+        "proposed and recorded, never run)",
+    )
+    parser.add_argument(
+        "--diagnostics-command",
+        metavar="CMD",
+        help="the hardware diagnostics a plan runs ({host}, {level} filled in; default "
+        "'dcgmi diag --host {host} -r {level}')",
+    )
+    parser.add_argument(
         "--topology",
         metavar="FILE",
         help="site topology (YAML/JSON: each host's rack, leaf switch, PDU, pool, GPU rails) "
@@ -91,7 +104,7 @@ def add_parser(commands) -> None:
         help="mint a bearer token (printed once, stored hashed)",
         description="Mint a bearer token bound to one tenant and one role; it is printed once.",
     )
-    _db_option(token)
+    db_option(token)
     token.add_argument("--tenant", required=True, help="the tenant the token is bound to")
     token.add_argument(
         "--role",
@@ -105,14 +118,14 @@ def add_parser(commands) -> None:
     )
     token.set_defaults(handler=handle_token)
     revoke = sub.add_parser("revoke", help="revoke a token by its id (dpx_<id>_…)")
-    _db_option(revoke)
+    db_option(revoke)
     revoke.add_argument("token_id", help="the 16 hex digits after dpx_")
     revoke.set_defaults(handler=handle_revoke)
     rotate = sub.add_parser(
         "rotate-key",
         help="rotate the KMS key of stored secrets and re-wrap them (servers keep serving)",
     )
-    _db_option(rotate)
+    db_option(rotate)
     _kms_option(rotate)
     rotate.set_defaults(handler=handle_rotate)
 
@@ -130,35 +143,6 @@ def _kms_option(parser: argparse.ArgumentParser) -> None:
         help="the KMS that seals stored secrets: file:///PATH (default: a key file under the "
         "state dir), openbao+http://HOST:8200/KEY (BAO_TOKEN), aws:///ALIAS (also: DENPEX_KMS)",
     )
-
-
-def _db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-        "(default: SQLite under the state dir; also DENPEX_SERVER_DB)",
-    )
-
-
-def _url(args: argparse.Namespace) -> str:
-    import os
-
-    from denpex.control.db import default_url
-
-    return args.db or os.environ.get("DENPEX_SERVER_DB") or default_url()
-
-
-def _open_store(args: argparse.Namespace):
-    from denpex.control.db import Database, StoreError
-    from denpex.control.store import Store
-
-    try:
-        db = Database(_url(args))
-        db.migrate()
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
-    return Store(db)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -179,7 +163,7 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = ServerOptions(
-        url=_url(args),
+        url=db_url(args),
         host=host,
         port=port,
         lease_s=args.lease,
@@ -190,6 +174,10 @@ def handle(args: argparse.Namespace) -> int:
         policy_dir=args.policies,
         oidc=_oidc(args),
         kms_url=args.kms,
+        remediation_backend=args.remediation_backend,
+        diagnostics_command=tuple(shlex.split(args.diagnostics_command))
+        if args.diagnostics_command
+        else None,
         topology=_topology(args.topology),
         replay=args.replay,
     )
@@ -237,7 +225,7 @@ def handle_token(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.role not in roles:
         raise UsageError(f"--role {args.role!r}: invalid choice (choose from {', '.join(roles)})")
-    store = _open_store(args)
+    store = open_store(args)
     minted = mint_token()
     store.add_token(
         minted.token_id, args.tenant, args.role, minted.secret_hash, time.time_ns(), args.note
@@ -253,7 +241,7 @@ def handle_token(args: argparse.Namespace) -> int:
 
 
 def handle_revoke(args: argparse.Namespace) -> int:
-    store = _open_store(args)
+    store = open_store(args)
     done = store.revoke_token(args.token_id, time.time_ns())
     store.db.dispose()
     if not done:
@@ -267,7 +255,7 @@ def handle_rotate(args: argparse.Namespace) -> int:
     from denpex.control.server import kms_url
     from denpex.enterprise import KmsError, open_kms
 
-    store = _open_store(args)
+    store = open_store(args)
     secrets = SecretStore(store.db, lambda: open_kms(kms_url(args.kms)))
     try:
         done = secrets.rotate_and_rewrap(store.tenants(), time.time_ns())

@@ -31,6 +31,7 @@ from denpex.control.db import Database, StoreError
 from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
+from denpex.control.remediation_api import add_routes as add_remediation_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
@@ -92,6 +93,8 @@ def create_app(rt: Runtime) -> FastAPI:
         return Decides(rt, action)
 
     public = Decides(rt, "service:read", public=True)
+
+    add_remediation_routes(app, rt.db, rt.store, principal)
 
     # --- service ---------------------------------------------------------------------------
 

@@ -29,10 +29,11 @@ from denpex.control.fleet_pass import FleetWindow
 from denpex.control.leader import Leadership
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
+from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
-from denpex.control.store import Fenced, Store
+from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import (
     OidcConfig,
     OidcVerifier,
@@ -59,6 +60,8 @@ class ServerOptions:
     policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
     oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
+    remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
+    diagnostics_command: tuple[str, ...] | None = None
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -117,9 +120,21 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_retention = 0.0
+        self.backend = make_backend(options.remediation_backend, options.diagnostics_command)
+        self.remediation = RemediationThread(
+            RemediationPass(self.db, self.store, self.backend),
+            self.store.tenants,
+            self._leading_fence,
+            options.loop_interval_s,
+        )
+
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def _leading_fence(self) -> Fence | None:
+        state = self.leadership.state
+        return self.leadership.fence if state.leader else None
 
     # --- the leader loop -------------------------------------------------------------------
 
@@ -128,8 +143,10 @@ class Runtime:
             return  # passes come from replay_tick
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
         self._thread.start()
+        self.remediation.start()
 
     def stop_loop(self, timeout: float = 10.0) -> None:
+        self.remediation.stop(timeout)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -139,6 +156,7 @@ class Runtime:
 
     def wake_leader(self) -> None:
         self._wake.set()
+        self.remediation.wake()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

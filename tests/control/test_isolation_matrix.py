@@ -48,6 +48,7 @@ class Side:
     evidence: list[str] = field(default_factory=list)
     reports: list[str] = field(default_factory=list)
     incidents: list[int] = field(default_factory=list)
+    plans: list[int] = field(default_factory=list)  # remediation plans the leader derived
     sent: int = 0
 
 
@@ -124,6 +125,34 @@ class Matrix:
                 ok(200),
             ),
             ("PUT", "/api/v1/secrets/{name}"): self.put_secret,
+            # remediation: plans, decisions, dry-runs, guards and the tenant's policy
+            ("GET", "/api/v1/remediation/plans"): lambda me, other: self.read(
+                "/api/v1/remediation/plans"
+            ),
+            ("GET", "/api/v1/remediation/plans/{plan_id}"): self.get_plan,
+            ("POST", "/api/v1/remediation/plans/{plan_id}/approve"): self.decide_plan,
+            ("POST", "/api/v1/remediation/plans/{plan_id}/reject"): self.decide_plan,
+            ("GET", "/api/v1/remediation/dry-run/{incident_id}"): self.dry_run,
+            ("GET", "/api/v1/remediation/guards"): lambda me, other: self.read(
+                "/api/v1/remediation/guards"
+            ),
+            ("POST", "/api/v1/remediation/guards/reset"): lambda me, other: (
+                "approver",
+                "POST",
+                "/api/v1/remediation/guards/reset",
+                {"json": {"pool": self.rng.choice(("gpu", "cpu")), "by": f"sre-{mark(me.tenant)}"}},
+                ok(200),
+            ),
+            ("GET", "/api/v1/remediation/policy"): lambda me, other: self.read(
+                "/api/v1/remediation/policy"
+            ),
+            ("PUT", "/api/v1/remediation/policy"): lambda me, other: (
+                "admin",
+                "PUT",
+                "/api/v1/remediation/policy",
+                {"json": {"tier": self.rng.choice(("observe", "recommend", "approve"))}},
+                ok(200),
+            ),
             # the web UI: pages and forms of a session, as the browser sends them
             ("GET", "/login"): lambda me, other: self.page(me, "GET", "/login", ok(200, 303)),
             ("POST", "/login"): lambda me, other: self.page(
@@ -233,6 +262,30 @@ class Matrix:
         path = f"/api/v1/secrets/{self.secret_name(me)}"
         return ("admin", "PUT", path, {"json": value}, ok(200))
 
+    # --- remediation ---------------------------------------------------------------------------
+
+    def get_plan(self, me: Side, other: Side) -> Request:
+        return self.by_id("/api/v1/remediation/plans/{}", me, other, "plans")
+
+    def decide_plan(self, me: Side, other: Side) -> Request:
+        plan, probe = self.pick(me, other, "plans")
+        verb = self.rng.choice(("approve", "reject"))
+        body = {"json": {"by": f"sre-{mark(me.tenant)}", "note": mark(me.tenant)}}
+        if self.rng.random() < 0.1:  # an operator may not decide: a 403, logged
+            path = f"/api/v1/remediation/plans/{plan or 1}/{verb}"
+            return ("operator", "POST", path, body, ok(403))
+        if plan is None:
+            return ("approver", "POST", f"/api/v1/remediation/plans/999999/{verb}", body, ok(404))
+        expect = ok(404) if probe else ok(200, 409)
+        return ("approver", "POST", f"/api/v1/remediation/plans/{plan}/{verb}", body, expect)
+
+    def dry_run(self, me: Side, other: Side) -> Request:
+        incident, probe = self.pick(me, other, "incidents")
+        if incident is None:
+            return ("viewer", "GET", "/api/v1/remediation/dry-run/999999", {}, ok(404))
+        path = f"/api/v1/remediation/dry-run/{incident}"
+        return ("viewer", "GET", path, {}, ok(404) if probe else ok(200))
+
     # --- the web UI ----------------------------------------------------------------------------
 
     def page(
@@ -338,7 +391,9 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
     print(f"isolation matrix seed={seed}")
     rng = random.Random(seed)
     sides = {
-        t: Side(t, {r: mint(url, t, r) for r in ("viewer", "operator", "auditor", "admin")})
+        t: Side(
+            t, {r: mint(url, t, r) for r in ("viewer", "operator", "approver", "auditor", "admin")}
+        )
         for t in TENANTS
     }
     for side in sides.values():
@@ -363,9 +418,11 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             client.cookies.clear()  # a session travels only in the request that names it
             tally.requests += 1
             tally.by_route[route] += 1
-            probe = any(str(x) in path for x in (*other.evidence, *other.reports)) or (
-                "/incidents/" in path
-                and any(f"/incidents/{i}/" in path + "/" for i in other.incidents)
+            probe = (
+                any(str(x) in path for x in (*other.evidence, *other.reports))
+                or any(f"/incidents/{i}/" in path + "/" for i in other.incidents)
+                or any(f"/dry-run/{i}/" in path + "/" for i in other.incidents)
+                or any(f"/plans/{i}/" in path + "/" for i in other.plans)
             )
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data
@@ -386,6 +443,12 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
                     headers={"Authorization": f"Bearer {me.tokens['viewer']}"},
                 )
                 me.incidents = [i["id"] for i in listed.json()["items"]]
+                plans = client.get(
+                    "/api/v1/remediation/plans",
+                    params={"limit": 1000},
+                    headers={"Authorization": f"Bearer {me.tokens['viewer']}"},
+                )
+                me.plans = [p["id"] for p in plans.json()["items"]]
     tally.changed = changed_rows(url, kms, sides)
     return tally
 
@@ -426,11 +489,29 @@ def changed_rows(url: str, kms: str, sides: dict[str, Side]) -> int:
                     if mark(other) in value or mark(tenant) not in value:
                         print(f"secret {name} of {tenant} holds {value!r}")
                         bad += 1
+                changed = remediation_changed(db, tenant, token_ids[other], mark(other))
+                bad += changed
                 count = sa.text("SELECT count(*) FROM evidence WHERE tenant = :t")
                 own = conn.execute(count, {"t": tenant}).scalar()
                 assert own and own >= 1, f"{tenant} stored no evidence: the matrix proved nothing"
     finally:
         db.dispose()
+    return bad
+
+
+def remediation_changed(db, tenant: str, their_tokens: set[str], their_mark: str) -> int:
+    """Remediation rows of `tenant` (system tables, filtered in code) decided, reset or
+    changed by the other tenant's tokens, or holding its data; its audit records too."""
+    bad = 0
+    tables = ("remediation_plans", "remediation_steps", "remediation_policies", "audit")
+    with db.system_tx() as conn:
+        for table in tables:
+            query = sa.text(f"SELECT * FROM {table} WHERE tenant = :t")
+            for row in conn.execute(query, {"t": tenant}).mappings():
+                text = " ".join(str(v) for v in row.values())
+                if their_mark in text or any(f"token:{t}" in text for t in their_tokens):
+                    print(f"{table} of {tenant} changed by the other tenant: {dict(row)}")
+                    bad += 1
     return bad
 
 

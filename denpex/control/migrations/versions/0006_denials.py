@@ -2,8 +2,8 @@
 the policy set's version). In PostgreSQL it is a tenant table like the others: row-level
 security (ENABLE + FORCE) on `denpex.tenant`, written and read as `denpex_tenant`.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -2,8 +2,8 @@
 form (denpex.enterprise.envelope: AES-GCM under a data key the KMS wraps). In PostgreSQL a
 tenant table like the others: row-level security (ENABLE + FORCE) on `denpex.tenant`.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
