@@ -53,7 +53,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 NAN_SCAN_MODES = ("auto", "always", "sampled", "off")
 # the series detectors' thresholds (denpex/series/thresholds.yaml) are options under their
 # own names, and the progress monitor reads its own and where to beat
-KNOWN_OPTIONS = set(DEFAULT_OPTIONS) | option_names(sdk=True) | {"store", "heartbeat_prefix"}
+KNOWN_OPTIONS = (
+    set(DEFAULT_OPTIONS)
+    | option_names(sdk=True)
+    | {"store", "heartbeat_prefix", "prestop", "prestop_path"}
+)
 
 
 class Monitor(Protocol):
@@ -179,6 +183,7 @@ class Guard:
             self.norms.arm_backward(1 % every == 0)
         self._check_coverage_at_start(param_bytes, distributed)
         self.monitor = self._progress_monitor()
+        self.prestop = self._prestop(options.get("prestop"), options.get("prestop_path"))
 
     # --- the per-step entry point --------------------------------------------------------
 
@@ -207,6 +212,8 @@ class Guard:
         if self.monitor is not None:
             scale = float(loss_scale) if loss_scale is not None else None
             self._run("progress", self.monitor.on_step, step, loss_value, scale)
+        if self.prestop is not None and self.prestop.pending:
+            self.prestop.serve(step)
 
     def close(self) -> None:
         """Read what is pending, remove hooks, close the progress monitor. Idempotent."""
@@ -225,6 +232,8 @@ class Guard:
             self.recorder.remove()
         if self.monitor is not None:
             self._run("progress", self.monitor.close)
+        if self.prestop is not None:
+            self.prestop.remove()
 
     def __enter__(self) -> Guard:
         return self
@@ -460,6 +469,10 @@ class Guard:
                 self._lost(feature, self._failed_since[feature], f"{type(exc).__name__}: {exc}")
             return None
 
+    def _prestop(self, hook: Any, path: Any) -> Any:
+        """The pre-stop checkpoint (sdk/prestop.py) when a hook or a path is given."""
+        return _prestop_of(self, hook, path)
+
     # --- coverage ------------------------------------------------------------------------
 
     def _lost(self, check: str, since_step: int, reason: str) -> None:
@@ -523,6 +536,18 @@ class Guard:
         if attach is not None:
             self._run("progress", attach, self.model)  # times backward, when it knows how
         return monitor
+
+
+def _prestop_of(guard: Guard, hook: Any, path: Any) -> Any:
+    from denpex.sdk.prestop import PreStop, save_state_hook
+
+    if hook is None and path is None:
+        return None
+    if hook is not None and not callable(hook):
+        raise TypeError("watch(prestop=...) takes a callable hook(step)")
+    chosen = hook or save_state_hook(guard.model, guard.optimizer, os.fspath(path))
+    prestop = PreStop(chosen, rank=guard.rank)
+    return prestop if prestop.install() else None
 
 
 def watch(model: Any, optimizer: Any = None, **options: Any) -> Guard:

@@ -23,6 +23,35 @@ class UsageError(Exception):
     """Bad arguments or input: printed as one line, exit status 2."""
 
 
+def db_option(parser: argparse.ArgumentParser) -> None:
+    """--db for the subcommands that open the control plane's store directly."""
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+        "(default: SQLite under the state dir; also DENPEX_SERVER_DB)",
+    )
+
+
+def db_url(args: argparse.Namespace) -> str:
+    from denpex.control.db import default_url
+
+    return args.db or os.environ.get("DENPEX_SERVER_DB") or default_url()
+
+
+def open_store(args: argparse.Namespace):  # -> denpex.control.store.Store
+    """The store at --db, migrated to the latest schema."""
+    from denpex.control.db import Database, StoreError
+    from denpex.control.store import Store
+
+    try:
+        db = Database(db_url(args))
+        db.migrate()
+    except StoreError as exc:
+        raise UsageError(str(exc)) from None
+    return Store(db)
+
+
 def add_report_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("reports")
     group.add_argument("--report", metavar="FILE", help="write the diagnosis as JSON to FILE")

@@ -23,6 +23,7 @@ examples:
   denpex agent --once
   denpex fabric check --golden golden.xml --nccl-topo /tmp/nccl-topo.xml
   denpex server --db sqlite:///var/lib/denpex/cp.db --listen 127.0.0.1:9479
+  denpex audit verify audit.jsonl --pubkey site.pub
   denpex bundle verify denpex-airgap-bundle-0.1.0-x86_64.tar.gz --pubkey release.pub
 
 exit status: `denpex run` exits with the job's own status (128+N when a signal N killed it);
@@ -31,7 +32,19 @@ exit status: `denpex run` exits with the job's own status (128+N when a signal N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from denpex.cli import agent, bundle, doctor, explain, fabric, run, scan, server, signatures
+    from denpex.cli import (
+        agent,
+        audit,
+        bundle,
+        doctor,
+        explain,
+        fabric,
+        remediate,
+        run,
+        scan,
+        server,
+        signatures,
+    )
 
     parser = argparse.ArgumentParser(
         prog="denpex",
@@ -53,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     fabric.add_parser(commands)
     bundle.add_parser(commands)
     server.add_parser(commands)
+    audit.add_parser(commands)
+    remediate.add_parser(commands)
     return parser
 
 

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 
-from denpex.cli.common import UsageError
+from denpex.cli.common import UsageError, db_option, db_url, open_store
 
 DESCRIPTION = """\
 Serve the control plane: OTLP/HTTP ingest (/v1/logs, /v1/metrics) for node agents, job
@@ -36,7 +37,7 @@ def add_parser(commands) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _db_option(parser)
+    db_option(parser)
     parser.add_argument(
         "--listen", metavar="HOST:PORT", default="127.0.0.1:9479", help="address to serve on"
     )
@@ -60,6 +61,18 @@ def add_parser(commands) -> None:
         help="ingest quota per tenant and replica (429 beyond it)",
     )
     parser.add_argument(
+        "--remediation-backend",
+        choices=("slurm",),
+        help="let the leader run remediation plans on this scheduler (default: plans are "
+        "proposed and recorded, never run)",
+    )
+    parser.add_argument(
+        "--diagnostics-command",
+        metavar="CMD",
+        help="the hardware diagnostics a plan runs ({host}, {level} filled in; default "
+        "'dcgmi diag --host {host} -r {level}')",
+    )
+    parser.add_argument(
         "--topology",
         metavar="FILE",
         help="site topology (YAML/JSON: each host's rack, leaf switch, PDU, pool, GPU rails) "
@@ -78,7 +91,7 @@ def add_parser(commands) -> None:
         help="mint a bearer token (printed once, stored hashed)",
         description="Mint a bearer token bound to one tenant and one role; it is printed once.",
     )
-    _db_option(token)
+    db_option(token)
     token.add_argument("--tenant", required=True, help="the tenant the token is bound to")
     token.add_argument(
         "--role", required=True, choices=("viewer", "operator", "admin"), help="what it may do"
@@ -86,38 +99,9 @@ def add_parser(commands) -> None:
     token.add_argument("--note", default="", help="who or what the token is for")
     token.set_defaults(handler=handle_token)
     revoke = sub.add_parser("revoke", help="revoke a token by its id (dpx_<id>_…)")
-    _db_option(revoke)
+    db_option(revoke)
     revoke.add_argument("token_id", help="the 16 hex digits after dpx_")
     revoke.set_defaults(handler=handle_revoke)
-
-
-def _db_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-        "(default: SQLite under the state dir; also DENPEX_SERVER_DB)",
-    )
-
-
-def _url(args: argparse.Namespace) -> str:
-    import os
-
-    from denpex.control.db import default_url
-
-    return args.db or os.environ.get("DENPEX_SERVER_DB") or default_url()
-
-
-def _open_store(args: argparse.Namespace):
-    from denpex.control.db import Database, StoreError
-    from denpex.control.store import Store
-
-    try:
-        db = Database(_url(args))
-        db.migrate()
-    except StoreError as exc:
-        raise UsageError(str(exc)) from None
-    return Store(db)
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -137,7 +121,7 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = ServerOptions(
-        url=_url(args),
+        url=db_url(args),
         host=host,
         port=port,
         lease_s=args.lease,
@@ -145,6 +129,10 @@ def handle(args: argparse.Namespace) -> int:
             max_age_days=args.retention_days, max_rows_per_tenant=args.max_evidence_rows
         ),
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
+        remediation_backend=args.remediation_backend,
+        diagnostics_command=tuple(shlex.split(args.diagnostics_command))
+        if args.diagnostics_command
+        else None,
         topology=_topology(args.topology),
         replay=args.replay,
     )
@@ -172,7 +160,7 @@ def _topology(path: str | None) -> dict:
 def handle_token(args: argparse.Namespace) -> int:
     from denpex.enterprise import mint_token
 
-    store = _open_store(args)
+    store = open_store(args)
     minted = mint_token()
     store.add_token(
         minted.token_id, args.tenant, args.role, minted.secret_hash, time.time_ns(), args.note
@@ -188,7 +176,7 @@ def handle_token(args: argparse.Namespace) -> int:
 
 
 def handle_revoke(args: argparse.Namespace) -> int:
-    store = _open_store(args)
+    store = open_store(args)
     done = store.revoke_token(args.token_id, time.time_ns())
     store.db.dispose()
     if not done:

@@ -28,6 +28,7 @@ from denpex.control import ingest
 from denpex.control.db import Database, StoreError
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
+from denpex.control.remediation_api import add_routes as add_remediation_routes
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
@@ -81,6 +82,8 @@ def create_app(rt: Runtime) -> FastAPI:
 
         dependency.__name__ = f"requires_{action.replace(':', '_')}"
         return dependency
+
+    add_remediation_routes(app, rt.db, rt.store, principal)
 
     # --- service ---------------------------------------------------------------------------
 

@@ -186,3 +186,70 @@ TENANT_TABLES = (
     "incident_links",
     "incident_vectors",
 )
+
+# --- remediation and the audit log (migration 0005): system tables, filtered by
+# their tenant column in code (denpex.control.remediation_store) ------------------------------
+
+audit = sa.Table(
+    "audit",
+    metadata,
+    sa.Column("seq", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("ts_ns", sa.BigInteger, nullable=False),
+    sa.Column("tenant", sa.Text),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("hash", sa.Text, nullable=False),
+    sa.Column("line", sa.Text, nullable=False),
+)
+
+remediation_plans = sa.Table(
+    "remediation_plans",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("incident_id", sa.BigInteger, nullable=False),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("pool", sa.Text),
+    sa.Column("plan", sa.Text, nullable=False),
+    sa.Column("tier", sa.Text, nullable=False),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("waiting_for", sa.Text),
+    sa.Column("approved_step", sa.Text),
+    sa.Column("decided_by", sa.Text),
+    sa.Column("note", sa.Text, nullable=False, server_default=""),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+)
+
+remediation_steps = sa.Table(
+    "remediation_steps",
+    metadata,
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("plan_id", sa.BigInteger, primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True),
+    sa.Column("state", sa.Text, nullable=False),
+    sa.Column("phase", sa.Text, nullable=False),
+    sa.Column("event", sa.Text),
+    sa.Column("result", sa.Text, nullable=False),
+    sa.Column("ts_ns", sa.BigInteger, nullable=False),
+    sa.Column("epoch", sa.BigInteger, nullable=False),
+)
+
+remediation_policies = sa.Table(
+    "remediation_policies",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("policy", sa.Text, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+    sa.Column("updated_by", sa.Text, nullable=False),
+)
+
+remediation_guards = sa.Table(
+    "remediation_guards",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("pool", sa.Text, primary_key=True),
+    sa.Column("tripped_ns", sa.BigInteger, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+)

@@ -27,9 +27,10 @@ from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
 from denpex.control.leader import Leadership
 from denpex.control.quotas import QuotaPolicy, Quotas
+from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.selfmetrics import ServerMetrics
-from denpex.control.store import Fenced, Store
+from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import TokenDirectory, TokenRecord
 
 log = logging.getLogger("denpex.server")
@@ -46,6 +47,8 @@ class ServerOptions:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     quotas: QuotaPolicy = field(default_factory=QuotaPolicy)
     token_cache_s: float = 5.0
+    remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
+    diagnostics_command: tuple[str, ...] | None = None
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -89,9 +92,21 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_retention = 0.0
+        self.backend = make_backend(options.remediation_backend, options.diagnostics_command)
+        self.remediation = RemediationThread(
+            RemediationPass(self.db, self.store, self.backend),
+            self.store.tenants,
+            self._leading_fence,
+            options.loop_interval_s,
+        )
+
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def _leading_fence(self) -> Fence | None:
+        state = self.leadership.state
+        return self.leadership.fence if state.leader else None
 
     # --- the leader loop -------------------------------------------------------------------
 
@@ -100,8 +115,10 @@ class Runtime:
             return  # passes come from replay_tick
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
         self._thread.start()
+        self.remediation.start()
 
     def stop_loop(self, timeout: float = 10.0) -> None:
+        self.remediation.stop(timeout)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -111,6 +128,7 @@ class Runtime:
 
     def wake_leader(self) -> None:
         self._wake.set()
+        self.remediation.wake()
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -19,6 +19,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from denpex.control import audit_log
 from denpex.control import schema as s
 from denpex.control.db import Database
 from denpex.control.ingest import LogBatch, Report
@@ -128,6 +129,15 @@ class Store:
                     note=note,
                 )
             )
+            audit_log.append(
+                conn,
+                ts_ns=now_ns,
+                kind="token.created",
+                actor="admin",
+                tenant=tenant,
+                subject=f"token {token_id}",
+                result={"role": role, "note": note},
+            )
 
     def revoke_token(self, token_id: str, now_ns: int) -> bool:
         with self.db.system_tx(write=True) as conn:
@@ -136,6 +146,15 @@ class Store:
                 .where(s.tokens.c.token_id == token_id, s.tokens.c.revoked_ns.is_(None))
                 .values(revoked_ns=now_ns)
             )
+            if result.rowcount:
+                audit_log.append(
+                    conn,
+                    ts_ns=now_ns,
+                    kind="token.revoked",
+                    actor="admin",
+                    tenant=None,
+                    subject=f"token {token_id}",
+                )
             return bool(result.rowcount)
 
     def _ensure_tenant(self, conn: Connection, tenant: str, now_ns: int) -> None:

@@ -1,0 +1,144 @@
+"""The remediation pass of the leader: open incidents → plans (proposed once per incident and
+host, under the tenant's policy) → the executor moves active plans forward on the configured
+backend. It runs in its own thread beside the correlation loop, so a long step (diagnostics)
+never holds back the lease renewal; every write it makes checks the leader's fence.
+
+It must never propose or run anything while this replica is not the leader.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from denpex.control.db import Database
+from denpex.control.remediation_store import RemediationStore
+from denpex.control.store import Fence, Fenced, Store
+from denpex.remediation import executor as ex
+from denpex.remediation import guards
+from denpex.remediation.backend import Backend, BackendError
+from denpex.remediation.plan import derive_plans, proposals_of
+from denpex.remediation.slurm import SlurmBackend
+
+log = logging.getLogger("denpex.server.remediation")
+BACKENDS = ("slurm",)
+
+
+def make_backend(name: str | None, diagnostics_command: Sequence[str] | None) -> Backend | None:
+    if not name:
+        return None
+    if name == "slurm":
+        if diagnostics_command:
+            return SlurmBackend(diagnostics_command=diagnostics_command)
+        return SlurmBackend()
+    raise ValueError(f"unknown remediation backend {name!r} (one of {', '.join(BACKENDS)})")
+
+
+class RemediationPass:
+    def __init__(self, db: Database, store: Store, backend: Backend | None) -> None:
+        self.db = db
+        self.store = store
+        self.backend = backend
+        self._examined: dict[tuple[str, int], int] = {}
+
+    def tenant_pass(self, tenant: str, fence: Fence, now_ns: int) -> int:
+        """Propose plans for new incidents, then run the active ones; returns steps taken."""
+        rs = RemediationStore(self.db, tenant, fence)
+        policy = rs.policy()
+        for incident_row in rs.open_incidents():
+            key = (tenant, incident_row["id"])
+            if self._examined.get(key) == incident_row["updated_ns"]:
+                continue
+            self._examined[key] = incident_row["updated_ns"]
+            if rs.has_plans(incident_row["id"]) or rs.superseded_by(incident_row["id"]):
+                continue
+            self._propose(rs, policy, incident_row["id"], fence, now_ns)
+        if self.backend is None:
+            return 0
+        taken = 0
+        executor = ex.Executor(self.backend, rs, policy)
+        for record in rs.active_plans():
+            after = executor.run(record, time.time_ns())
+            taken += after.state != record.state
+        return taken
+
+    def _propose(
+        self, rs: RemediationStore, policy, incident_id: int, fence: Fence, now_ns: int
+    ) -> None:
+        incident = self.store.for_leader(rs.tenant, fence).incident(incident_id)
+        evidence = rs.incident_evidence(incident_id)
+        proposals = proposals_of(incident, evidence, rs.diagnosis_actions(incident))
+        pool_of: dict[str, str] = {}
+        if self.backend is not None:
+            for host in {p.host for p in proposals if p.host}:
+                try:
+                    pool = self.backend.pool_of(host, timeout_s=30)
+                except BackendError as exc:
+                    log.warning("pool of %s unknown: %s", host, exc)
+                    continue
+                if pool:
+                    pool_of[host] = pool
+        for plan in derive_plans(incident, proposals, pool_of=pool_of):
+            if not plan.acts:
+                continue
+            tier = policy.tier_for(plan.target.pool, plan.category)
+            status, note = ex.initial_status(tier), ""
+            blocked = guards.never_cordon(plan, str(incident.get("rule", "")), policy.guards)
+            if blocked:
+                status, note = ex.OBSERVED, blocked
+            elif self.backend is None and status == ex.ACTIVE:
+                status = ex.RECOMMENDED
+                note = "no remediation backend configured (denpex server --remediation-backend)"
+            rs.propose(plan, tier, status, note, [e["id"] for e in evidence], now_ns)
+
+
+class RemediationThread:
+    """Runs RemediationPass while `leading()` says this replica leads."""
+
+    def __init__(
+        self,
+        remediation: RemediationPass,
+        tenants: Callable[[], list[str]],
+        leading: Callable[[], Fence | None],
+        interval_s: float,
+    ) -> None:
+        self.remediation = remediation
+        self.tenants = tenants
+        self.leading = leading
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="denpex-remediation", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def once(self) -> None:
+        fence = self.leading()
+        if fence is None:
+            return
+        for tenant in self.tenants():
+            self.remediation.tenant_pass(tenant, fence, time.time_ns())
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.once()
+            except Fenced as exc:
+                log.warning("remediation stopped: no longer leader (%s)", exc)
+            except Exception:
+                log.exception("remediation pass failed")
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
