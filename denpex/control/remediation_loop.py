@@ -52,7 +52,7 @@ class RemediationPass:
             if self._examined.get(key) == incident_row["updated_ns"]:
                 continue
             self._examined[key] = incident_row["updated_ns"]
-            if rs.has_plans(incident_row["id"]):
+            if rs.has_plans(incident_row["id"]) or rs.superseded_by(incident_row["id"]):
                 continue
             self._propose(rs, policy, incident_row["id"], fence, now_ns)
         if self.backend is None:

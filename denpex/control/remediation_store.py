@@ -102,6 +102,45 @@ class RemediationStore:
             ).all()
         return [{"id": int(r.id), "updated_ns": int(r.updated_ns)} for r in rows]
 
+    def superseded_by(self, incident_id: int) -> int | None:
+        """For a job's own incident: the open incident of a component (a host, a GPU, a
+        switch) that a fleet rule opened for the same job, which a plan acts on instead;
+        None when there is none. Two plans for one fault would cordon its host twice."""
+        inc, links = s.incidents, s.incident_links
+        mine = links.alias("mine")
+        with self.db.tenant_tx(self.tenant) as conn:
+            kind = conn.execute(
+                sa.select(inc.c.component_kind).where(
+                    inc.c.tenant == self.tenant, inc.c.id == incident_id
+                )
+            ).scalar()
+            if kind != "job":
+                return None
+            row = conn.execute(
+                sa.select(inc.c.id)
+                .join(
+                    links, sa.and_(links.c.tenant == inc.c.tenant, links.c.incident_id == inc.c.id)
+                )
+                .join(
+                    mine,
+                    sa.and_(
+                        mine.c.tenant == links.c.tenant,
+                        mine.c.kind == links.c.kind,
+                        mine.c.ref == links.c.ref,
+                    ),
+                )
+                .where(
+                    inc.c.tenant == self.tenant,
+                    inc.c.status == "open",
+                    inc.c.component_kind != "job",
+                    links.c.kind == "job",  # the fleet rules link the jobs they explain
+                    mine.c.incident_id == incident_id,
+                )
+                .order_by(inc.c.id)
+                .limit(1)
+            ).first()
+        return int(row.id) if row is not None else None
+
     def incident_evidence(self, incident_id: int) -> list[dict[str, Any]]:
         ev, links = s.evidence, s.incident_links
         with self.db.tenant_tx(self.tenant) as conn:
