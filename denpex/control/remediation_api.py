@@ -4,7 +4,8 @@ reset (remediation:decide: approver and admin in the bundled policy set; every d
 the human), the policy (tenant:admin); reads are remediation:read.
 
 Like every route, each depends on one Decides (control/access.py) naming its action and
-reaches storage only through the principal's tenant. It must never run a backend operation itself: only the leader's executor does.
+reaches storage only through the principal's tenant. It must never run a backend operation
+itself: only the leader's executor does.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.

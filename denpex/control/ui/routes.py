@@ -3,8 +3,9 @@ and jobs pages, the vendored static files, and the security headers on every res
 
 Each page depends on one PageDecides (the API's Decides, over the session's token: every
 action whose data it shows, a form the action of the API route it mirrors) and reaches its
-data through `store.scoped(principal)`; every POST checks the session's CSRF token. It must never render a page for a request it
-could not authenticate, nor show one tenant's data to another (a foreign id is a 404).
+data through `store.scoped(principal)`; every POST checks the session's CSRF token. It must
+never render a page for a request it could not authenticate, nor show one tenant's data to
+another (a foreign id is a 404).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
