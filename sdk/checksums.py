@@ -15,8 +15,6 @@ from typing import Any
 
 from denpex._native import load
 
-_checksum = load("checksum")
-
 # Above this many bytes the CUDA snapshot is taken in pieces, so the staging copy on the
 # device never needs more than this much free memory.
 CUDA_CHUNK_BYTES = 256 << 20
@@ -64,14 +62,16 @@ def _uint8() -> Any:
 
 def digest_buffers(buffers: Sequence[Any]) -> list[int]:
     """XXH3-64 of each buffer, in one native call (GIL released, several threads)."""
-    return list(_checksum.xxh3_64_many(buffers))
+    # looked up per call (a dict lookup once imported), so DENPEX_NO_EXTENSIONS set after
+    # import still chooses the pure-Python twin
+    return list(load("checksum").xxh3_64_many(buffers))
 
 
 def combine(digests: Iterable[int]) -> int:
     """One XXH3-64 over a sequence of digests: a digest of the whole set, order included."""
     from array import array
 
-    return int(_checksum.xxh3_64(array("Q", digests).tobytes()))
+    return int(load("checksum").xxh3_64(array("Q", digests).tobytes()))
 
 
 def to_signed(digest: int) -> int:

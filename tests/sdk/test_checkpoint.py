@@ -16,6 +16,9 @@ from denpex.sdk.transport import default_transport
 torch = pytest.importorskip("torch", reason="checkpoints are written with torch.save")
 xxhash = pytest.importorskip("xxhash", reason="the xxhash package is the oracle")
 
+# the digests go through the compiled checksum module and its pure-Python twin
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 
 def reported(capfd: pytest.CaptureFixture[str]) -> list:
     """Evidence the SDK wrote to stderr (no wrapper socket in tests: the stderr fallback)."""

@@ -19,6 +19,10 @@ from denpex.sdk import checkpoint_sidecar as sidecar
 from tests.sdk.test_checkpoint import no_wrapper_socket, reported, state
 
 torch = pytest.importorskip("torch", reason="checkpoints are written with torch.save")
+
+# the digests go through the compiled checksum module and its pure-Python twin
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 __all__ = ["no_wrapper_socket"]  # the autouse fixture: no wrapper socket, stderr evidence
 
 KEY = b"site-key-0123456789abcdef-0123456789"

@@ -22,6 +22,9 @@ from denpex.sdk.checksums import (  # noqa: E402
     to_signed,
 )
 
+# the digests go through the compiled checksum module and its pure-Python twin
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 
 def oracle(tensor) -> int:
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)

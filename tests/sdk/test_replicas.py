@@ -14,6 +14,9 @@ import pytest
 
 from denpex.sdk.replicas import bucket_bounds, majority_disagreements, slot_digests
 
+# the digests go through the compiled checksum module and its pure-Python twin
+pytestmark = pytest.mark.usefixtures("both_backends")
+
 CHILD = Path(__file__).parent / "children" / "ddp_watch.py"
 
 
