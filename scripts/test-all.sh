@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything denpex's tests need (Debian packages, then Python packages) and runs
 # the whole suite: lint, the catalog check, the frozen binaries, the GPU checks (they skip
-# without a GPU), then the tests with the compiled extensions and again on the pure-Python
-# fallbacks (DENPEX_NO_EXTENSIONS=1).
+# without a GPU), then the tests, once: those whose code reaches a compiled extension run on
+# it and on its pure-Python twin in the same run.
 # Every phase runs and reports, whatever happened before it; the exit status is 1 when any
 # phase failed, and the summary at the end names them.
 # Usage: bash scripts/test-all.sh [pytest args]   (e.g. -m "not slow" to skip the slow suites)
@@ -43,9 +43,9 @@ fi
 # every check that needs a real NVIDIA GPU; without one it prints them all SKIP and passes
 phase "GPU checks (scripts/gpu-check.sh)" env PYTHON="$PYTHON" bash scripts/gpu-check.sh
 # the junit XML is what `denpex compliance report` reads each control's test results from
-phase "tests (compiled extensions)" "$PYTHON" -m pytest --junitxml=build/test-results/junit.xml "$@"
-DENPEX_NO_EXTENSIONS=1 phase "tests (pure-Python fallbacks, DENPEX_NO_EXTENSIONS=1)" \
-    "$PYTHON" -m pytest -m "not slow" -p no:cacheprovider -q "$@"
+# one run: tests of code that reaches a native module run on it and on its pure-Python twin
+# (ids [native] / [reference]: tests/conftest.py's both_backends and module_backend)
+phase "tests" "$PYTHON" -m pytest --junitxml=build/test-results/junit.xml "$@"
 
 echo "== summary"
 if [[ ${#failed[@]} -eq 0 ]]; then
