@@ -49,9 +49,9 @@ class Part:
 # part was wired in); its logs carry no symptom_first flag
 SYNTHETIC = Part("synthetic", CORPUS, _labels(CORPUS), 0.95, 0.0)
 # real: the level reached on dev, rounded down (123/127 = 96.9 %, 13 of its 14 symptom-first
-# logs = 92.9 %; the first round had 87.4 % and 71.4 %, main before it 64.6 % and 31.2 %); the
-# holdout's blind score (12/18) is its floor
-REAL_PART = Part("real", REAL, _labels(REAL), 0.96, 0.92, holdout_target=0.66)
+# logs = 92.9 %; the first round had 87.4 % and 71.4 %, the code before it 64.6 % and 31.2 %); the
+# holdout (12/18 blind, 13/18 now) keeps the level it has as a floor
+REAL_PART = Part("real", REAL, _labels(REAL), 0.96, 0.92, holdout_target=0.72)
 ATTRIBUTION_TARGET = 0.80
 
 
