@@ -72,9 +72,11 @@ def other_host() -> Iterator[Namespace]:
 
 
 def python_for_others() -> str:
-    """An interpreter another user can run (a venv under /root may not be one)."""
+    """An interpreter another user can run: this one, else a python3 on PATH (this one may
+    sit in a folder only its owner can read)."""
     probe = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    for candidate in (sys.executable, "/usr/bin/python3"):
+    on_path = [os.path.join(d, "python3") for d in os.environ.get("PATH", "").split(os.pathsep)]
+    for candidate in [sys.executable, *(p for p in on_path if os.access(p, os.X_OK))]:
         ok = subprocess.run([*probe, candidate, "-c", "pass"], capture_output=True, timeout=30)
         if ok.returncode == 0:
             return candidate

@@ -23,8 +23,9 @@ from denpex.core.wire import Registration
 from denpex.lite.agent_link import AgentLink
 from tests import memcg
 from tests.agent.otlp_receiver import OtlpReceiver
+from tests.kernel_log import inject, needs_kernel_log
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="writes /dev/kmsg: needs root")
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="starts the agent as root")
 
 
 class RunningAgent:
@@ -86,14 +87,14 @@ def wait_for(fetch, predicate, timeout: float):
         time.sleep(0.02)
 
 
+@needs_kernel_log
 def test_a_kernel_xid_reaches_the_api_within_a_second_and_shows_in_metrics(agent):
     latencies = []
     for _ in range(3):  # best of three: a shared CI machine may stall one attempt
         marker = random.randrange(10**8, 10**9)
         line = f"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid={marker}, GPU has fallen off the bus.\n"
         since = time.time_ns()
-        with open("/dev/kmsg", "w") as kmsg:
-            kmsg.write(line)
+        inject(line.encode())
         found = wait_for(
             lambda s=since: agent.get(f"/v1/evidence?since={s}")["evidence"],
             lambda items, m=marker: any(str(m) in e["body"] for e in items),
@@ -175,6 +176,7 @@ def test_denpex_run_registers_its_job_and_unregisters_at_the_end(agent, tmp_path
     assert agent.get("/v1/jobs")["jobs"] == []
 
 
+@needs_kernel_log
 def test_evidence_and_metrics_reach_an_otlp_endpoint_through_the_spool(tmp_path):
     receiver = OtlpReceiver().start()
     receiver.status = 503  # down when the evidence happens: it must wait in the spool
@@ -185,8 +187,7 @@ def test_evidence_and_metrics_reach_an_otlp_endpoint_through_the_spool(tmp_path)
     )
     try:
         marker = random.randrange(10**8, 10**9)
-        with open("/dev/kmsg", "w") as kmsg:
-            kmsg.write(f"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid={marker}, GPU has fallen off.\n")
+        inject(f"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid={marker}, GPU has fallen off.\n".encode())
         time.sleep(1.5)
         assert not [r for r in receiver.log_records() if str(marker) in r["body"]]
         receiver.status = 200

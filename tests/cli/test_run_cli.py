@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from denpex.core.kmsg import TEST_KMSG_ENV, TEST_MARKER
+from tests.kernel_log import needs_kernel_log
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "failing_job.py"
@@ -89,14 +90,7 @@ def test_no_analysis_only_wraps():
     assert (result.returncode, result.stdout, result.stderr) == (3, b"x\n", b"")
 
 
-KMSG_OK = os.geteuid() == 0 and os.access("/dev/kmsg", os.R_OK | os.W_OK)
-WRITES_KMSG = pytest.mark.skipif(
-    not KMSG_OK or os.environ.get(TEST_KMSG_ENV) != "1",
-    reason="writes the host's kernel log: needs root and DENPEX_TEST_KMSG=1",
-)
-
-
-@WRITES_KMSG
+@needs_kernel_log
 def test_xid_of_the_jobs_own_process_is_the_root_cause(tmp_path, validate_diagnosis):
     report = tmp_path / "xid.json"
     job = textwrap.dedent(f"""
@@ -121,7 +115,7 @@ def test_xid_of_the_jobs_own_process_is_the_root_cause(tmp_path, validate_diagno
     assert data["root_cause"]["confidence"] < 0.9
 
 
-@WRITES_KMSG
+@needs_kernel_log
 def test_a_marked_test_line_is_ignored_outside_a_test_run(tmp_path):
     report = tmp_path / "x.json"
     job = (

@@ -3,7 +3,6 @@ re-created collector, the per-poll cap, lost-record accounting, and job attribut
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -14,28 +13,13 @@ from denpex.core.collector import CollectContext
 from denpex.core.kmsg import KmsgRecord, format_record
 from denpex.core.roots import Roots
 from denpex.host.kmsg import KmsgCollector, pid_in_message
+from tests.kernel_log import body_of, inject, marked, needs_kernel_log
 
 XID = b"<4>NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
 OOM = (
     b"<3>Out of memory: Killed process 4242 (python) total-vm:1234kB, anon-rss:5678kB, "
     b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:100kB oom_score_adj:0\n"
 )
-
-needs_kmsg = pytest.mark.skipif(
-    not os.access("/dev/kmsg", os.R_OK | os.W_OK),
-    reason="needs read and write access to /dev/kmsg (run as root)",
-)
-
-
-def inject(*records: bytes) -> None:
-    """Write records into the kernel log; a fresh open per record because the kernel
-    rate-limits user-space writes per open file (kernel.printk_devkmsg=ratelimit)."""
-    for record in records:
-        fd = os.open("/dev/kmsg", os.O_WRONLY)
-        try:
-            os.write(fd, record)
-        finally:
-            os.close(fd)
 
 
 def lines(observations) -> list:
@@ -116,7 +100,7 @@ def test_a_gap_in_seq_is_counted_as_lost_and_reported():
     assert not [o for o in third if o.kind == "state"]
 
 
-@needs_kmsg
+@needs_kernel_log
 def test_injected_xid_and_oom_lines_arrive_with_seq_and_time():
     collector = KmsgCollector(Roots())
     assert collector.available()[0]
@@ -127,8 +111,8 @@ def test_injected_xid_and_oom_lines_arrive_with_seq_and_time():
         events = lines(collector.collect(ctx()))
     finally:
         collector.close()
-    xid = [e for e in events if e.body == XID[3:-1].decode()]
-    oom = [e for e in events if e.body == OOM[3:-1].decode()]
+    xid = [e for e in events if e.body == body_of(marked(XID))]
+    oom = [e for e in events if e.body == body_of(marked(OOM))]
     assert len(xid) >= 1 and len(oom) >= 1
     xid_event, oom_event = xid[-1], oom[-1]
     assert xid_event.attrs["kmsg_seq"] < oom_event.attrs["kmsg_seq"]
@@ -143,7 +127,7 @@ def test_injected_xid_and_oom_lines_arrive_with_seq_and_time():
     assert (xid_event.pid, oom_event.pid) == (1234, 4242)
 
 
-@needs_kmsg
+@needs_kernel_log
 def test_restart_with_persisted_position_loses_and_repeats_nothing(tmp_path):
     options = {"start": "persisted", "state_dir": str(tmp_path), "max_records_per_poll": 100000}
     first = KmsgCollector(Roots(), options)
@@ -152,7 +136,7 @@ def test_restart_with_persisted_position_loses_and_repeats_nothing(tmp_path):
     seen_one = lines(collect_and_commit(first))
     last_seq = first.tracker.last
     first.close()
-    assert any(e.body == "denpex-persist-one" for e in seen_one)
+    assert any(e.body == body_of(marked(b"<6>denpex-persist-one")) for e in seen_one)
     assert before and all(e.attrs["kmsg_seq"] <= last_seq for e in before + seen_one)
 
     inject(b"<6>denpex-persist-two\n", b"<6>denpex-persist-three\n")  # while nothing reads
@@ -163,12 +147,13 @@ def test_restart_with_persisted_position_loses_and_repeats_nothing(tmp_path):
     assert seqs and min(seqs) == last_seq + 1  # the next record, none repeated
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # none skipped
     bodies = [e.body for e in lines(resumed)]
-    assert "denpex-persist-two" in bodies and "denpex-persist-three" in bodies
-    assert "denpex-persist-one" not in bodies
+    assert body_of(marked(b"<6>denpex-persist-two")) in bodies
+    assert body_of(marked(b"<6>denpex-persist-three")) in bodies
+    assert body_of(marked(b"<6>denpex-persist-one")) not in bodies
     assert second.tracker.lost == 0
 
 
-@needs_kmsg
+@needs_kernel_log
 def test_a_new_boot_id_reads_the_ring_from_the_beginning(tmp_path):
     proc = tmp_path / "proc"
     (proc / "sys/kernel/random").mkdir(parents=True)
@@ -189,7 +174,7 @@ def test_a_new_boot_id_reads_the_ring_from_the_beginning(tmp_path):
     assert all(e.attrs["event_id"].startswith("kmsg:boot-b:") for e in events)
 
 
-@needs_kmsg
+@needs_kernel_log
 def test_records_per_poll_are_capped_and_the_rest_come_next_poll(tmp_path):
     options = {"start": "persisted", "state_dir": str(tmp_path), "max_records_per_poll": 5}
     collector = KmsgCollector(Roots(), options)
@@ -203,7 +188,7 @@ def test_records_per_poll_are_capped_and_the_rest_come_next_poll(tmp_path):
 
 
 @pytest.mark.slow  # floods the shared kernel ring: other kernel-log readers lose records
-@needs_kmsg
+@needs_kernel_log
 def test_overwritten_records_are_counted_for_real():
     collector = KmsgCollector(Roots())
     try:
@@ -223,7 +208,7 @@ def test_overwritten_records_are_counted_for_real():
     assert lost[0].attrs["value"] == state[0].attrs["lost_records"]
 
 
-@needs_kmsg
+@needs_kernel_log
 def test_a_new_record_wakes_a_poll_at_once():
     # the interval is only a safety net: the kernel writing a record asks for the next poll
     collector = KmsgCollector(Roots())
@@ -234,7 +219,7 @@ def test_a_new_record_wakes_a_poll_at_once():
         woken.clear()
         inject(XID)
         assert woken.wait(1.0), "no wake-up within 1 s of the record"
-        assert any(e.body == XID[3:-1].decode() for e in lines(collector.collect(ctx())))
+        assert any(e.body == body_of(marked(XID)) for e in lines(collector.collect(ctx())))
         woken.clear()
         assert not woken.wait(0.3)  # drained: nothing new, no wake-up
     finally:

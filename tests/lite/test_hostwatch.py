@@ -13,6 +13,7 @@ from denpex.core.kmsg import TEST_MARKER, KmsgRecord, format_record
 from denpex.core.roots import Roots
 from denpex.lite.hostwatch import RunHostWatch, attribution
 from denpex.lite.job_processes import JobProcesses
+from tests.kernel_log import needs_kernel_log
 
 PID = os.getpid()  # the watch locates the cgroup of the process that runs it
 
@@ -149,10 +150,7 @@ def test_cgroup_counters_are_the_jobs_unless_the_cgroup_is_the_root(tmp_path):
     assert attribution(event, job, "/") == "host"
 
 
-@pytest.mark.skipif(
-    not os.access("/dev/kmsg", os.R_OK | os.W_OK) or os.environ.get("DENPEX_TEST_KMSG") != "1",
-    reason="writes the host's kernel log: needs root and DENPEX_TEST_KMSG=1",
-)
+@needs_kernel_log
 def test_real_kernel_log_records_written_after_the_watch_opened():
     watch = RunHostWatch(host="node1")
     assert watch.kmsg is not None

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from denpex.core.kmsg import TEST_KMSG_ENV
+from tests.kernel_log import needs_kernel_log
 from tests.memcg import enter, memory_cgroup, unavailable_reason
 
 CHILD = Path(__file__).parent / "children" / "gloo_job.py"
@@ -147,10 +148,8 @@ def test_rank_blocked_in_open_on_a_fifo_is_named_as_the_hang(
         assert any("py-spy is not installed" in note for note in data["notes"])
 
 
-@pytest.mark.skipif(
-    os.environ.get(TEST_KMSG_ENV) != "1", reason="writes the kernel log: set DENPEX_TEST_KMSG=1"
-)
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a small tmpfs, /dev/kmsg writes)")
+@needs_kernel_log
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a small tmpfs)")
 def test_unrelated_oom_and_xid_during_a_disk_full_failure_stay_context(
     tmp_path, validate_diagnosis, diagnosis_schema
 ):
