@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import json
 import os
 import random
@@ -31,6 +30,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+# the tests' full-disk helper; appended, so an installed denpex stays the one imported
+sys.path.append(str(Path(__file__).resolve().parents[1]))
+from tests.agent.small_fs import fill
 
 BOOT = "boot-durability"
 
@@ -225,23 +228,6 @@ def state_filesystem(work: Path, size_kib: int):
     finally:
         if done.returncode == 0:
             subprocess.run(["umount", "-l", str(folder)], capture_output=True)
-
-
-def fill(folder: Path) -> Path:
-    filler = folder / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        for chunk in (1 << 16, 1 << 12, 1 << 9, 1):
-            while True:
-                try:
-                    os.write(fd, b"\0" * chunk)
-                except OSError as exc:
-                    if exc.errno != errno.ENOSPC:
-                        raise
-                    break
-    finally:
-        os.close(fd)
-    return filler
 
 
 def start_agent(ring: Ring, state: Path, endpoint: str) -> subprocess.Popen[bytes]:
