@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 import sqlalchemy as sa
 
+from denpex.control.correlation import RULE_JOB_ROOT_CAUSE
 from denpex.control.db import Database
 from denpex.control.leader import Leadership
 from denpex.control.store import Fence, Fenced, Store
@@ -121,10 +122,16 @@ def post_report(server: ServerProcess, token: str, body: dict) -> int:
 
 
 def incident_epochs(url: str, tenant: str) -> list[int]:
+    """The epochs the per-job incidents were written under, in order (the fleet rules may
+    add a host incident of their own when two jobs fail on one node)."""
     db = Database(url)
     try:
         with db.tenant_tx(tenant) as conn:
-            return list(conn.execute(sa.text("SELECT epoch FROM incidents ORDER BY id")).scalars())
+            rows = conn.execute(
+                sa.text("SELECT epoch FROM incidents WHERE rule = :rule ORDER BY id"),
+                {"rule": RULE_JOB_ROOT_CAUSE},
+            )
+            return list(rows.scalars())
     finally:
         db.dispose()
 
