@@ -358,17 +358,7 @@ class ProgressMonitor:
             rank=self.rank,
             pid=os.getpid(),
         )
-        evidence = detector_evidence(
-            event,
-            finding.signature,
-            captures={"rank": str(self.rank), "host": self.host, **finding.captures},
-            values=finding.values,
-            severity=finding.severity,
-            action=finding.action,
-        )
-        evidence.id = evidence_id
-        event.body = evidence.summary
-        return evidence
+        return finding.evidence(event, evidence_id, {"rank": str(self.rank), "host": self.host})
 
     def _coverage_lost(self, since_step: int, reason: str) -> None:
         if self._coverage_said:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import denpex._native as native
-from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, metric
 from denpex.core.sdk_wire import coverage_event
 from denpex.sdk.canary import CanaryCheck, CanaryRunner, WeightIntegrity
@@ -417,20 +416,15 @@ class Guard:
         )
 
     def _report(self, step: int, finding: Finding) -> None:
-        captures = {"rank": str(self.rank), "host": self.host, **finding.captures}
+        captures = {"rank": str(self.rank), "host": self.host}
         if self.device is not None:
             captures["device"] = self.device
         self._emitted += 1
-        evidence = detector_evidence(
+        evidence = finding.evidence(
             self._event("", step),
-            finding.signature,
-            captures=captures,
-            values=finding.values,
-            severity=finding.severity,
-            action=finding.action,
+            f"sdk-{self.host}-{self.pid}-{self.rank}-{step}-{self._emitted}",
+            captures,
         )
-        evidence.id = f"sdk-{self.host}-{self.pid}-{self.rank}-{step}-{self._emitted}"
-        evidence.event.body = evidence.summary
         self._run("emit", self.emit_fn, evidence)
 
     def _metric(self, step: int, name: str, value: float, **labels: str) -> None:

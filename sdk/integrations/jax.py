@@ -24,7 +24,6 @@ except ImportError as exc:  # pragma: no cover - exercised only without jax
 import numpy as np
 
 from denpex._native import load
-from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
 from denpex.series.findings import Finding
@@ -192,16 +191,7 @@ class StepWatch:
             rank=self.rank,
             pid=os.getpid(),
         )
-        evidence = detector_evidence(
-            event,
-            finding.signature,
-            captures=finding.captures,
-            values=finding.values,
-            severity=finding.severity,
-            action=finding.action,
-        )
-        evidence.id = f"sdk-jax-{self.host}-{os.getpid()}-{key}"
-        event.body = evidence.summary
+        evidence = finding.evidence(event, f"sdk-jax-{self.host}-{os.getpid()}-{key}")
         try:
             if self._emit is not None:
                 self._emit(evidence)
