@@ -24,6 +24,9 @@ from denpex import __version__
 from denpex.control.access import allows
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
+from denpex.control.remediation_store import RemediationStore
+from denpex.control.ui.action_routes import PageKit, add_action_routes
+from denpex.control.ui.actions import incident_plans
 from denpex.control.ui.graph import causal_svg, row_anchor
 from denpex.control.ui.session import (
     COOKIE,
@@ -102,6 +105,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             csrf=session.csrf,
             principal=principal,
             may_write=bool(principal and allows(rt, principal, "incidents:write")),
+            may_plans=bool(principal and allows(rt, principal, "remediation:read")),
+            may_audit=bool(principal and allows(rt, principal, "audit:read")),
             path=request.url.path,
             **context,
         )
@@ -160,6 +165,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             raise UiError(404, str(exc)) from None
         except Conflict as exc:
             raise UiError(409, str(exc)) from None
+
+    add_action_routes(app, rt, PageKit(page, decides, form_of, guarded, session_for))
 
     # --- login -------------------------------------------------------------------------------
 
@@ -228,6 +235,9 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         diagnosis = view.diagnosis or {}
         entries = [e for e in diagnosis.get("timeline") or [] if isinstance(e, dict)]
         cause_ids = {str(i) for i in (diagnosis.get("root_cause") or {}).get("evidence") or []}
+        plans = None  # None: this session may not read plans (the page says nothing of them)
+        if allows(rt, principal, "remediation:read"):
+            plans = incident_plans(RemediationStore.scoped(rt.db, principal), incident_id)
         return page(
             request,
             "incident.html",
@@ -237,6 +247,7 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             root=diagnosis.get("root_cause") or {},
             graph=Markup(causal_svg(view.incident, view.evidence)),
             timeline=Markup(timeline_svg(entries, cause_ids)) if entries else None,
+            plans=plans,
         )
 
     @app.post("/incidents/{incident_id}/{verb}", include_in_schema=False)
