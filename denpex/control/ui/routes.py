@@ -22,9 +22,9 @@ from markupsafe import Markup
 
 from denpex import __version__
 from denpex.control.access import allows
+from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
-from denpex.control.remediation_store import RemediationStore
 from denpex.control.ui.action_routes import PageKit, add_action_routes
 from denpex.control.ui.actions import incident_plans
 from denpex.control.ui.graph import causal_svg, row_anchor

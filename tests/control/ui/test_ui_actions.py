@@ -37,11 +37,15 @@ def run_leader(ui: Api, passes: int = 12) -> None:
 def ui(tmp_path: Path) -> Iterator[Api]:
     app = Api(f"sqlite:///{tmp_path / 'control.db'}", topology=topology())
     app.runtime.remediation.remediation.backend = SiteBackend()
-    put = app.client.put("/api/v1/remediation/policy", json=POLICY, headers=app.headers(role="admin"))
+    put = app.client.put(
+        "/api/v1/remediation/policy", json=POLICY, headers=app.headers(role="admin")
+    )
     assert put.status_code == 200, put.text
     for report in (gpu_job(), ib_job(), oom_job(), ok_job(), *remediation_jobs()):
         reply = app.post(
-            "/api/v1/reports", content=json.dumps(report), headers={"Content-Type": "application/json"}
+            "/api/v1/reports",
+            content=json.dumps(report),
+            headers={"Content-Type": "application/json"},
         )
         assert reply.status_code == 201
     run_leader(app)
