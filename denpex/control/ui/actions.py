@@ -30,7 +30,11 @@ GROUPS = (
     ("failed", "Failed or rejected", (ex.FAILED, ex.REJECTED)),
     ("proposed", "Proposed only (the tier runs nothing)", (ex.RECOMMENDED, ex.OBSERVED)),
 )
-DECIDABLE = (ex.WAITING, ex.HELD)  # a named human may approve the step these wait at
+DECIDABLE = (ex.WAITING, ex.HELD)
+NEVER_RAN = (
+    ex.RECOMMENDED,
+    ex.OBSERVED,
+)  # plans the tier only records: no step records  # a named human may approve the step these wait at
 
 
 @dataclass(slots=True)
@@ -105,6 +109,41 @@ def plan_groups(rs: RemediationStore) -> list[tuple[str, str, list[PlanView]]]:
         (key, heading, [v for status in statuses for v in by_status.get(status, [])])
         for key, heading, statuses in GROUPS
     ]
+
+
+def remediation_states(
+    rs: RemediationStore, state_of_step: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """host → {"state", "plan", "step"}: where the host's remediation left it, read from the
+    step records (a step that ran, or runs now); a host whose plans never ran a step, or whose
+    last one was `resume` (back in service), has no entry. `state_of_step` maps a plan step to
+    the host state it leaves (host_states.yaml)."""
+    out: dict[str, dict[str, Any]] = {}
+    listed = [p for p in rs.plans(limit=MAX_PLANS) if p["status"] not in NEVER_RAN]
+    latest: dict[str, int] = {}  # host → ts of the record that set its entry
+    for summary in reversed(listed):  # oldest first: a newer plan's record wins on a tie
+        plan = rs.plan(summary["id"])
+        running, done = None, None  # a step started and not finished; the last one that ran
+        for record in plan.get("steps") or []:
+            if record["phase"] == "started":
+                running = record
+            else:
+                running = None
+                if record["event"] == "ok":
+                    done = record
+        last = running or done
+        if last is None:
+            continue
+        host = plan["host"]
+        if last["ts_ns"] < latest.get(host, -1):
+            continue
+        latest[host] = last["ts_ns"]
+        state = state_of_step.get(last["state"])
+        if state is None:  # resume ran: the host is back in service
+            out.pop(host, None)
+            continue
+        out[host] = {"state": state, "plan": plan["id"], "step": last["state"]}
+    return out
 
 
 def incident_plans(rs: RemediationStore, incident_id: int) -> list[dict[str, Any]]:

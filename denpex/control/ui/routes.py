@@ -26,7 +26,7 @@ from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
 from denpex.control.ui.action_routes import PageKit, add_action_routes
-from denpex.control.ui.actions import incident_plans
+from denpex.control.ui.actions import incident_plans, remediation_states
 from denpex.control.ui.graph import causal_svg, row_anchor
 from denpex.control.ui.session import (
     COOKIE,
@@ -41,7 +41,13 @@ from denpex.control.ui.session import (
     new_session,
 )
 from denpex.control.ui.views import fleet as fleet_view
-from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
+from denpex.control.ui.views import (
+    host_states,
+    incident_view,
+    jobs_page,
+    layer_of,
+    state_of_step,
+)
 from denpex.enterprise import AuthError, Principal, authenticate
 from denpex.lite.report_html import timeline_svg
 
@@ -207,10 +213,23 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         state: str = "",
         category: str = "",
         q: str = "",
+        group: str = "rack",
     ) -> Response:
         session = session_for(request)
         store = rt.store.scoped(principal)
-        fleet = fleet_view(store, state=state or None, category=category or None, text=q)
+        held = None  # None: this session may not read remediation (cells show incidents only)
+        if allows(rt, principal, "remediation:read"):
+            rs = RemediationStore.scoped(rt.db, principal)
+            held = remediation_states(rs, state_of_step())
+        fleet = fleet_view(
+            store,
+            state=state or None,
+            category=category or None,
+            text=q,
+            remediation=held,
+            placements=rt.options.topology,
+            group_by=group,
+        )
         return page(
             request,
             "fleet.html",
@@ -218,7 +237,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             principal,
             fleet=fleet,
             states=host_states(),
-            filters={"state": state, "category": category, "q": q},
+            remediation_shown=held is not None,
+            filters={"state": state, "category": category, "q": q, "group": fleet.group_by},
         )
 
     @app.get("/incidents/{incident_id}", include_in_schema=False)

@@ -173,3 +173,81 @@ def test_new_pages_have_no_inline_code(ui: Api) -> None:
         assert not re.search(r"<style|\sstyle=|\son[a-z]+=", reply.text), path
         assert ui.token(role="admin") not in reply.text
         assert csrf_of(reply.text)
+
+
+def cells(html: str) -> dict[str, str]:
+    """host → the state its cell shows."""
+    return dict(re.findall(r'href="/hosts/([^"]+)" data-state="([^"]+)"', html))
+
+
+def test_fleet_cells_show_where_remediation_left_each_host(ui: Api) -> None:
+    csrf = login(ui, role="approver")
+    shown = cells(ui.client.get("/").text)
+    assert shown[FAILED_HOST] == "cordoned"  # cordon ran, drain failed: it stays cordoned
+    assert shown[DONE_HOST] == "suspect"  # diagnostics passed and resume ran: back in service
+    assert shown["gpu-a07"] == "suspect"  # its plan waits: nothing ran yet
+    plan = plans_by_host(ui)["gpu-a07"]
+    approve = f"/actions/plans/{plan['id']}/approve"
+    assert ui.client.post(approve, data={"csrf": csrf, "by": "dana"}).status_code == 200
+    run_leader(ui, 2)
+    assert cells(ui.client.get("/").text)["gpu-a07"] == "cordoned"
+    assert ui.client.post(approve, data={"csrf": csrf, "by": "dana"}).status_code == 200
+    run_leader(ui, 2)
+    html = ui.client.get("/").text
+    assert cells(html)["gpu-a07"] == "draining"
+    assert 'id="count-cordoned">1<' in html and 'id="count-draining">1<' in html
+    assert "not tracked yet" in re.search(r'class="state-spare".*?</li>', html, re.S).group(0)
+    only = cells(ui.client.get("/?state=draining").text)
+    assert only == {"gpu-a07": "draining"}
+
+
+def test_fleet_groups_by_rack_switch_and_pool_of_the_site_topology(ui: Api) -> None:
+    login(ui, role="viewer")
+    by_rack = ui.client.get("/").text
+    names = re.findall(r'class="group-name">([^<]+)<', by_rack)
+    assert names == ["rack rack-1", "rack rack-2", "rack rack-3"]
+    rack3 = by_rack[by_rack.index("rack rack-3") :]
+    assert re.search(r'data-state="cordoned"><span class="dot"[^>]*></span>1 cordoned', rack3)
+    by_pool = ui.client.get("/?group=pool").text
+    assert re.findall(r'class="group-name">([^<]+)<', by_pool) == ["pool batch", "pool train"]
+    by_switch = ui.client.get("/?group=switch").text
+    assert "switch leaf-2" in by_switch
+    pool_batch = by_pool[by_pool.index("pool batch") : by_pool.index("pool train")]
+    assert set(cells(pool_batch)) >= {DONE_HOST, FAILED_HOST} and "gpu-a07" not in pool_batch
+
+
+def test_remediation_states_read_the_step_records() -> None:
+    from denpex.control.ui.actions import remediation_states
+    from denpex.control.ui.views import state_of_step
+
+    def plan(pid: int, host: str, status: str, *records: tuple[str, str, str | None]) -> dict:
+        steps = [
+            {"seq": n, "state": s, "phase": ph, "event": ev, "result": {}, "ts_ns": pid * 100 + n}
+            for n, (s, ph, ev) in enumerate(records, 1)
+        ]
+        return {"id": pid, "host": host, "status": status, "steps": steps}
+
+    stored = [
+        plan(1, "h-diag", "active", ("cordon", "started", None), ("cordon", "finished", "ok"),
+             ("diagnostics", "started", None)),
+        plan(2, "h-rma", "done", ("cordon", "finished", "ok"), ("rma", "finished", "ok")),
+        plan(3, "h-back", "done", ("diagnostics", "finished", "ok"), ("resume", "finished", "ok")),
+        plan(4, "h-fail", "failed", ("cordon", "finished", "ok"), ("drain", "started", None),
+             ("drain", "finished", "error")),
+        plan(5, "h-none", "recommended"),
+    ]  # fmt: skip
+
+    class Plans:
+        def plans(self, limit: int) -> list[dict]:
+            return sorted(stored, key=lambda p: -p["id"])
+
+        def plan(self, plan_id: int) -> dict:
+            return next(p for p in stored if p["id"] == plan_id)
+
+    found = remediation_states(Plans(), state_of_step())  # type: ignore[arg-type]
+    assert {h: v["state"] for h, v in found.items()} == {
+        "h-diag": "diagnostics",
+        "h-rma": "rma",
+        "h-fail": "cordoned",
+    }
+    assert found["h-diag"] == {"state": "diagnostics", "plan": 1, "step": "diagnostics"}

@@ -160,6 +160,25 @@ def test_an_auditor_reads_the_verified_chain(visit: Visit, fleet: Fleet) -> None
     assert visit.csp_violations() == []
 
 
+def test_fleet_cells_show_remediation_states_by_group(visit: Visit, fleet: Fleet) -> None:
+    visit.login(fleet.tokens["viewer"])
+    page = visit.page
+    assert page.locator(f".cell[href='/hosts/{FAILED_HOST}']").get_attribute("data-state") == (
+        "cordoned"
+    )
+    names = page.locator(".group-name").all_inner_texts()
+    assert names == ["rack rack-1", "rack rack-2", "rack rack-3"]
+    page.select_option("select[name=group]", "pool")  # htmx swaps the groups in place
+    expect(page.locator(".group-name")).to_have_text(["pool batch", "pool train"])
+    page.select_option("select[name=state]", "cordoned")
+    page.wait_for_url("**state=cordoned**")
+    cordoned = page.locator(".cell")
+    expect(cordoned.first).to_have_attribute("data-state", "cordoned")
+    assert cordoned.count() == int(page.locator("#count-cordoned").inner_text())
+    assert FAILED_HOST in " ".join(cordoned.all_inner_texts())
+    assert visit.csp_violations() == []
+
+
 @pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)])
 def test_every_page_reads_at_desktop_and_phone_width(
     browser: Any,  # noqa: F811
