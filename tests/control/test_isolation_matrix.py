@@ -159,6 +159,11 @@ class Matrix:
                 me, "POST", "/login", ok(303), form={"token": me.tokens["viewer"], "next": "/"}
             ),
             ("POST", "/logout"): lambda me, other: self.page(me, "POST", "/logout", ok(303)),
+            # single sign-on: this server has no OIDC web client, so both say so (404)
+            ("GET", "/login/oidc"): lambda me, other: self.page(me, "GET", "/login/oidc", ok(404)),
+            ("GET", "/login/oidc/callback"): lambda me, other: self.page(
+                me, "GET", "/login/oidc/callback", ok(404), params={"state": mark(other.tenant)}
+            ),
             ("GET", "/"): lambda me, other: self.page(
                 me, "GET", "/", ok(200), params={"q": self.rng.choice(("", mark(other.tenant)))}
             ),

@@ -37,6 +37,9 @@ class PageKit:
     form_of: Callable[[Request], Coroutine[Any, Any, dict[str, str]]]
     guarded: Callable[[Callable[[], Any]], Any]
     session_for: Callable[[Request], Session]
+    public: Any  # the dependency of a public page (service:read, for an anonymous caller)
+    set_session: Callable[[Response, Request, Session], Response]
+    session_of: Callable[[Request], Session | None]
 
 
 def add_action_routes(app: FastAPI, rt: Any, kit: PageKit) -> None:

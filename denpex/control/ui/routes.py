@@ -12,7 +12,7 @@ another (a foreign id is a 404).
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -40,6 +40,8 @@ from denpex.control.ui.session import (
     check_csrf,
     new_session,
 )
+from denpex.control.ui.session import safe_next as _safe_next
+from denpex.control.ui.sso import add_sso_routes, sso_name
 from denpex.control.ui.views import fleet as fleet_view
 from denpex.control.ui.views import (
     host_states,
@@ -172,7 +174,9 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         except Conflict as exc:
             raise UiError(409, str(exc)) from None
 
-    add_action_routes(app, rt, PageKit(page, decides, form_of, guarded, session_for))
+    kit = PageKit(page, decides, form_of, guarded, session_for, public, set_session, session_of)
+    add_action_routes(app, rt, kit)
+    add_sso_routes(app, rt, kit, codec)
 
     # --- login -------------------------------------------------------------------------------
 
@@ -182,7 +186,9 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         if session is not None and session.token is not None:
             return RedirectResponse(_safe_next(next), status_code=303)
         session = session or new_session()
-        response = page(request, "login.html", session, None, next=_safe_next(next))
+        response = page(
+            request, "login.html", session, None, next=_safe_next(next), sso=sso_name(rt)
+        )
         return set_session(response, request, session)
 
     @app.post("/login", include_in_schema=False)
@@ -195,7 +201,10 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         except AuthError:
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
-            return page(request, "login.html", session, None, 401, next=target, message=message)
+            return page(
+                request, "login.html", session, None, 401, next=target, message=message,
+                sso=sso_name(rt),
+            )  # fmt: skip
         response = RedirectResponse(target, status_code=303)
         return set_session(response, request, new_session(token))  # a fresh CSRF token too
 
@@ -334,14 +343,6 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
 
 def _query(request: Request) -> str:
     return f"?{request.url.query}" if request.url.query else ""
-
-
-def _safe_next(target: str) -> str:
-    """Only a path on this server (never `//host` or a scheme): no open redirect."""
-    parts = urlsplit(target or "/")
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
-        return "/"
-    return target
 
 
 class _SecurityHeaders:
