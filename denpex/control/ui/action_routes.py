@@ -22,6 +22,7 @@ from denpex.control.remediation_api import decider
 from denpex.control.remediation_store import RemediationStore
 from denpex.control.ui.actions import audit_view, plan_groups
 from denpex.control.ui.session import Session, UiError
+from denpex.control.ui.views import all_hosts
 from denpex.enterprise import Principal
 
 MAX_NAME = 120  # the name a decider types
@@ -49,10 +50,11 @@ def add_action_routes(app: FastAPI, rt: Any, kit: PageKit) -> None:
     @app.get("/actions", include_in_schema=False)
     def actions_page(
         request: Request,
-        principal: Annotated[Principal, kit.decides("remediation:read")],
+        principal: Annotated[Principal, kit.decides("remediation:read", "hosts:read")],
     ) -> Response:
         session = kit.session_for(request)
         groups = plan_groups(rs(principal))
+        known = {h["name"] for h in all_hosts(rt.store.scoped(principal))}
         return kit.page(
             request,
             "actions.html",
@@ -61,6 +63,7 @@ def add_action_routes(app: FastAPI, rt: Any, kit: PageKit) -> None:
             groups=groups,
             total=sum(len(plans) for _key, _heading, plans in groups),
             may_decide=allows(rt, principal, "remediation:decide"),
+            known_hosts=known,
         )
 
     @app.post("/actions/plans/{plan_id}/{verb}", include_in_schema=False)

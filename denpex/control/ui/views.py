@@ -94,7 +94,7 @@ def fleet(
     remediation = remediation or {}
     placements = placements or {}
     group_by = group_by if group_by in GROUP_BY else "rack"
-    hosts = _all_hosts(store)
+    hosts = all_hosts(store)
     active: list[dict[str, Any]] = []
     for status in ACTIVE:
         active += store.incidents(status=status, limit=MAX_ACTIVE).items
@@ -175,7 +175,7 @@ def _group(name: str, cells: list[HostCell]) -> Group:
     return Group(name, cells, dict(sorted(counts.items(), key=lambda kv: order.index(kv[0]))))
 
 
-def _all_hosts(store: TenantStore) -> list[dict[str, Any]]:
+def all_hosts(store: TenantStore) -> list[dict[str, Any]]:
     hosts: list[dict[str, Any]] = []
     cursor = None
     while len(hosts) < MAX_HOSTS:

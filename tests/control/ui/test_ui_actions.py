@@ -251,3 +251,11 @@ def test_remediation_states_read_the_step_records() -> None:
         "h-fail": "cordoned",
     }
     assert found["h-diag"] == {"state": "diagnostics", "plan": 1, "step": "diagnostics"}
+
+
+def test_a_plan_whose_target_is_no_known_host_is_flagged(ui: Api) -> None:
+    login(ui, role="approver")
+    html = ui.client.get("/actions").text
+    for host, plan in plans_by_host(ui).items():
+        flagged = "unknown-host" in article(html, plan["id"])
+        assert flagged == (host not in {"gpu-a07", DONE_HOST, FAILED_HOST}), host
