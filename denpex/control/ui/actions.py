@@ -30,11 +30,8 @@ GROUPS = (
     ("failed", "Failed or rejected", (ex.FAILED, ex.REJECTED)),
     ("proposed", "Proposed only (the tier runs nothing)", (ex.RECOMMENDED, ex.OBSERVED)),
 )
-DECIDABLE = (ex.WAITING, ex.HELD)
-NEVER_RAN = (
-    ex.RECOMMENDED,
-    ex.OBSERVED,
-)  # plans the tier only records: no step records  # a named human may approve the step these wait at
+DECIDABLE = (ex.WAITING, ex.HELD)  # a named human may approve the step these wait at
+NEVER_RAN = (ex.RECOMMENDED, ex.OBSERVED)  # plans the tier only records: no step records
 
 
 @dataclass(slots=True)

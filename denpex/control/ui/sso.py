@@ -47,7 +47,8 @@ def _verifier(rt: Any) -> OidcVerifier:
     if verifier is None or not verifier.config.web_client_id:
         raise UiError(
             404,
-            "single sign-on is not configured on this server (its --oidc file names no web.client_id)",
+            "single sign-on is not configured on this server "
+            "(its --oidc file names no web.client_id)",
         )
     return verifier
 
@@ -77,7 +78,8 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
             return refused(
                 request,
                 502,
-                "The sign-in provider cannot be reached right now; log in with a token, or try again.",
+                "The sign-in provider cannot be reached right now; "
+                "log in with a token, or try again.",
             )
         code_verifier, challenge = pkce_pair()
         pending = {
@@ -132,7 +134,8 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
             return refused(
                 request,
                 400,
-                "That sign-in answer did not match the one this browser started: refused. Start again.",
+                "That sign-in answer did not match the one this browser started: "
+                "refused. Start again.",
                 next_path,
             )
         if iss and iss.rstrip("/") != config.issuer:  # RFC 9207: an answer from another provider
@@ -169,7 +172,9 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
             return refused(
                 request,
                 403,
-                "The provider signed you in, but this server does not accept that identity here (no tenant and role for your groups, or the token did not verify). Ask an admin.",
+                "The provider signed you in, but this server does not accept that identity "
+                "here (no tenant and role for your groups, or the token did not verify). "
+                "Ask an admin.",
                 next_path,
             )
         log.info("single sign-on: oidc:%s as %s in %s", identity.subject, role, tenant)
