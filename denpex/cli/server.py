@@ -96,6 +96,20 @@ def add_parser(commands) -> None:
         help="replay recorded or simulated fleet history: no correlation loop of its own, an "
         "admin's POST /api/v1/replay/tick?now_ns=… runs each pass at the replayed time",
     )
+    parser.add_argument(
+        "--jetstream",
+        metavar="URLS",
+        help="also ingest evidence from the NATS JetStream stream at these comma-separated "
+        "nats:// URLs (agents with server.jetstream publish there); every replica pulls from "
+        "one durable consumer; the stream is created when missing",
+    )
+    parser.add_argument(
+        "--jetstream-replicas",
+        metavar="N",
+        type=int,
+        default=3,
+        help="replicas of the ingest stream when this server creates it (default 3)",
+    )
     _kms_option(parser)
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
@@ -180,12 +194,27 @@ def handle(args: argparse.Namespace) -> int:
         else None,
         topology=_topology(args.topology),
         replay=args.replay,
+        jetstream=_jetstream(args.jetstream),
+        jetstream_replicas=args.jetstream_replicas,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
     except (StoreError, PolicyError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _jetstream(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    urls = tuple(u.strip() for u in value.split(",") if u.strip())
+    if not all(u.startswith(("nats://", "tls://")) for u in urls):
+        raise UsageError(f"--jetstream {value!r}: comma-separated nats:// URLs")
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise UsageError("--jetstream needs nats-py: pip install 'denpex[server]'") from None
+    return urls
 
 
 def _oidc(args: argparse.Namespace):

@@ -1,6 +1,6 @@
 """`denpex server` at run time: the Runtime (store, token cache, quotas, leadership, self-
 metrics), the leader loop thread (correlation — per job and the fleet rules —, retention,
-partitions) and uvicorn.
+partitions), the JetStream ingest consumer when `--jetstream` is given, and uvicorn.
 
 Replicas share nothing but the database: any replica ingests and answers; the loop's work
 happens only on the leader and only behind its epoch fence. It must never keep acting as
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from denpex.control.bus_ingest import BusIngest, BusOptions
 from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
 from denpex.control.denials import DenialStore
@@ -65,6 +66,9 @@ class ServerOptions:
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
+    jetstream: tuple[str, ...] = ()  # nats:// URLs: also consume the ingest stream
+    jetstream_replicas: int = 3
+    jetstream_ack_wait_s: float = 30.0
 
 
 def kms_url(url: str | None) -> str:
@@ -128,6 +132,15 @@ class Runtime:
             options.loop_interval_s,
         )
 
+        self.bus: BusIngest | None = None
+        if options.jetstream:
+            bus_options = BusOptions(
+                options.jetstream,
+                replicas=options.jetstream_replicas,
+                ack_wait_s=options.jetstream_ack_wait_s,
+            )
+            self.bus = BusIngest(bus_options, self)
+
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
@@ -139,6 +152,8 @@ class Runtime:
     # --- the leader loop -------------------------------------------------------------------
 
     def start_loop(self) -> None:
+        if self.bus is not None:
+            self.bus.start()
         if self.options.replay:
             return  # passes come from replay_tick
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
@@ -146,6 +161,8 @@ class Runtime:
         self.remediation.start()
 
     def stop_loop(self, timeout: float = 10.0) -> None:
+        if self.bus is not None:
+            self.bus.stop(timeout)
         self.remediation.stop(timeout)
         self._stop.set()
         self._wake.set()
