@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from denpex.control import audit_log, ingest
+from denpex.control import ingest
 from denpex.control.db import Database
 from denpex.control.denials import DenialStore
+from denpex.control.residency import audit_refusal
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Store
 from denpex.core import bus
@@ -288,16 +289,7 @@ class BusIngest:
         self.rt.metrics.rejected.labels(f"bus-{status}").inc()
         log.warning("bus ingest: refused a message on %s: %s", subject, why)
         try:
-            with self.rt.db.system_tx(write=True) as conn:
-                audit_log.append(
-                    conn,
-                    ts_ns=time.time_ns(),
-                    kind="ingest.refused",
-                    actor=who.label if who is not None else "bus:unauthenticated",
-                    tenant=who.tenant if who is not None else None,
-                    subject=subject,
-                    why={"status": status, "message": why[:500]},
-                )
+            audit_refusal(self.rt.db, who, subject, status, why)
         except sa.exc.SQLAlchemyError as exc:
             log.warning("bus ingest: the refusal could not be audited: %s", exc)
             return "retry"  # audited on the next delivery

@@ -138,6 +138,7 @@ incidents = sa.Table(
     sa.Column("rules", sa.Text, nullable=False, server_default="[]"),  # JSON: every rule fired
     sa.Column("action", sa.Text, nullable=False, server_default="none"),  # §7 action proposed
     sa.Column("score", sa.Float, nullable=False, server_default="0"),  # what confidence calibrates
+    sa.Column("region", sa.Text, nullable=False, server_default=""),  # 0008: who wrote it
 )
 
 incident_vectors = sa.Table(  # one embedding per incident and model, for retrieval
@@ -227,6 +228,7 @@ audit = sa.Table(
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("hash", sa.Text, nullable=False),
     sa.Column("line", sa.Text, nullable=False),
+    sa.Column("region", sa.Text, nullable=False, server_default=""),  # 0008: who wrote it
 )
 
 remediation_plans = sa.Table(

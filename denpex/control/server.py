@@ -27,10 +27,13 @@ from denpex.control.denials import DenialStore
 from denpex.control.fleet import FleetConfig, load_fleet_rules
 from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
+from denpex.control.global_view import publish
+from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
+from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
@@ -38,6 +41,7 @@ from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import (
     OidcConfig,
     OidcVerifier,
+    Principal,
     TokenDirectory,
     TokenRecord,
     load_policies,
@@ -69,6 +73,7 @@ class ServerOptions:
     jetstream: tuple[str, ...] = ()  # nats:// URLs: also consume the ingest stream
     jetstream_replicas: int = 3
     jetstream_ack_wait_s: float = 30.0
+    residency: Residency | None = None  # --region: this region's hosts and resident tenants
 
 
 def kms_url(url: str | None) -> str:
@@ -132,6 +137,11 @@ class Runtime:
             options.loop_interval_s,
         )
 
+        self.residency = options.residency
+        if self.residency is not None:
+            claim_region(self.db, self.residency.region)
+            if self.db.postgres:
+                publish(self.db, self.residency)
         self.bus: BusIngest | None = None
         if options.jetstream:
             bus_options = BusOptions(
@@ -139,11 +149,21 @@ class Runtime:
                 replicas=options.jetstream_replicas,
                 ack_wait_s=options.jetstream_ack_wait_s,
             )
-            self.bus = BusIngest(bus_options, self)
+            self.bus = BusIngest(bus_options, self, self.admit_bus)
 
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def admit_bus(
+        self, who: Principal, batch: LogBatch | None, rows: list[tuple[Any, ...]] | None
+    ) -> None:
+        """The region's residency check of a bus message (IngestError 403 when refused)."""
+        if self.residency is not None:
+            if batch is not None:
+                self.residency.check_batch(who.tenant, batch)
+            if rows is not None:
+                self.residency.check_metrics(who.tenant, rows)
 
     def _leading_fence(self) -> Fence | None:
         state = self.leadership.state
