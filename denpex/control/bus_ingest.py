@@ -87,6 +87,7 @@ class BusIngest:
         self.stored = self.refused = self.redelivered = 0
         self._loop = asyncio.new_event_loop()
         self._stopping: asyncio.Event | None = None
+        self._stop_asked = threading.Event()  # stop() before the loop made _stopping
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()  # set once subscribed
 
@@ -97,9 +98,13 @@ class BusIngest:
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._thread is None:
             return
+        self._stop_asked.set()
         stopping = self._stopping
-        if stopping is not None:
-            self._loop.call_soon_threadsafe(stopping.set)
+        if stopping is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(stopping.set)
+            except RuntimeError:
+                pass  # the loop closed in between: the thread is done
         self._thread.join(timeout_s)
 
     def _main(self) -> None:
@@ -113,18 +118,29 @@ class BusIngest:
         import nats
 
         self._stopping = asyncio.Event()
+        if self._stop_asked.is_set():
+            return
 
         async def quiet(_exc: Exception) -> None:  # a reconnect is normal: pulls time out
             return None
 
-        nc = await nats.connect(
-            servers=list(self.options.servers),
-            name="denpex-server",
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.25,
-            error_cb=quiet,
+        connecting = asyncio.ensure_future(
+            nats.connect(
+                servers=list(self.options.servers),
+                name="denpex-server",
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,  # a broker down at start: keep trying
+                reconnect_time_wait=0.25,
+                error_cb=quiet,
+            )
         )
+        stopped = asyncio.ensure_future(self._stopping.wait())
+        await asyncio.wait({connecting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not connecting.done():
+            connecting.cancel()
+            return
+        stopped.cancel()
+        nc = connecting.result()
         try:
             sub = await self._subscribe(nc)
             if sub is None:

@@ -206,3 +206,15 @@ def test_stream_leader_killed_mid_stream_loses_no_acked_event_stores_none_twice(
         spool.close()
         for rt in replicas:
             rt.stop_loop()
+
+
+def test_a_server_whose_broker_is_down_serves_and_stops_at_once(tmp_path):
+    url = f"sqlite:///{tmp_path / 'control.db'}"
+    rt = Runtime(ServerOptions(url=url, jetstream=("nats://127.0.0.1:1",)))
+    rt.start_loop()
+    time.sleep(0.5)  # connecting, in vain
+    assert rt.bus is not None and not rt.bus.ready.is_set()
+    started = time.monotonic()
+    rt.stop_loop(timeout=10)
+    assert rt.bus._thread is not None and not rt.bus._thread.is_alive()
+    assert time.monotonic() - started < 5
