@@ -23,6 +23,7 @@ from denpex.control.db import Database
 from denpex.control.residency import Residency, check_region_name
 
 TABLES = {"incidents": ("region", "id"), "audit": ("region", "seq")}  # global keys
+PUBLICATION_LOCK = 0x64707808  # pg advisory lock key: one replica (re)publishes at a time
 
 
 def publication(region: str) -> str:
@@ -37,6 +38,7 @@ def publish(db: Database, residency: Residency) -> list[str]:
     tenants = residency.global_tenants()
     # tenant names reach SQL only as literals escaped by the server itself (quote_literal)
     with db.system_tx(write=True) as conn:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PUBLICATION_LOCK})")  # replicas
         listed = conn.execute(
             sa.text(
                 "SELECT coalesce(string_agg(quote_literal(t), ', '), '''''') FROM unnest("

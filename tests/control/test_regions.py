@@ -193,3 +193,23 @@ def test_global_view_by_logical_replication(clusters):
         view.dispose()
         for app in regions.values():
             app.close()
+
+
+def test_global_view_command_and_region_options(tmp_path, pg_cluster):
+    from tests.control.test_server_cli import denpex
+
+    pg_cluster.admin(f"CREATE DATABASE g{tmp_path.name.replace('-', '_')[-20:]}")
+    url = pg_cluster.url(f"g{tmp_path.name.replace('-', '_')[-20:]}", user="postgres")
+    listed = denpex("global-view", "--db", url, "--list", "incidents")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == []
+    bad = denpex("global-view", "--db", f"sqlite:///{tmp_path / 'x.db'}", "--list", "audit")
+    assert bad.returncode != 0 and "PostgreSQL" in bad.stderr
+    regions = tmp_path / "regions.yaml"
+    regions.write_text(json.dumps(REGIONS))
+    alone = denpex("--db", f"sqlite:///{tmp_path / 'y.db'}", "--region", "eu")
+    assert alone.returncode != 0 and "--region and --regions go together" in alone.stderr
+    wrong = denpex(
+        "--db", f"sqlite:///{tmp_path / 'y.db'}", "--region", "ap", "--regions", str(regions)
+    )
+    assert wrong.returncode != 0 and "not in the regions file" in wrong.stderr
