@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from denpex.agent.config import ConfigError, load_config
+from denpex.agent.delivery import Delivery
 from denpex.agent.jetstream import JetStreamExporter
 from denpex.agent.otlp import encode_logs
 from denpex.agent.shipper import Shipper
@@ -116,9 +117,12 @@ def test_jetstream_agent_settings(tmp_path):
         "server: {jetstream: {servers: ['nats://a:4222', 'nats://b:4222']}, "
         f"token_file: '{token_file}'}}\n"
     )
-    config = load_config(str(config_file))
+    config = load_config(str(config_file), overrides={"state_dir": str(tmp_path / "state")})
     assert config.otlp["jetstream"]["servers"] == ["nats://a:4222", "nats://b:4222"]
     assert config.otlp["jetstream"]["token"].startswith("dpx_0123456789abcdef_")
+    delivery = Delivery.from_config(config, {})
+    assert delivery is not None and isinstance(delivery.shipper.exporter, JetStreamExporter)
+    delivery.stop(timeout_s=0.5)
     config_file.write_text("server: {jetstream: {servers: ['nats://a:4222']}}\n")
     with pytest.raises(ConfigError, match=r"needs server\.token_file"):
         load_config(str(config_file))
