@@ -69,7 +69,30 @@ def add_parser(commands) -> None:
         metavar="A,B",
         help="run only these collectors (names as in `denpex doctor`)",
     )
-    parser.set_defaults(handler=handle)
+    parser.add_argument(
+        "--control-plane",
+        choices=("embedded",),
+        help="embedded: also run the control plane (API, UI, ingest; SQLite under the state "
+        "dir) in this process, for a small cluster's head node; this agent ships to it",
+    )
+    parser.add_argument(
+        "--control-plane-listen",
+        metavar="HOST:PORT",
+        default="127.0.0.1:9479",
+        help="with --control-plane embedded: where it serves (other nodes' agents ship here)",
+    )
+    parser.add_argument(
+        "--control-plane-db",
+        metavar="URL",
+        help="with --control-plane embedded: its database (default: SQLite under the state dir)",
+    )
+    parser.add_argument(
+        "--control-plane-tenant",
+        metavar="NAME",
+        default="default",
+        help="with --control-plane embedded: the tenant this agent's evidence belongs to",
+    )
+    parser.set_defaults(handler=handle, embedded=None)
     from denpex.cli import agent_spool
 
     subcommands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
@@ -85,6 +108,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
         "roots.procfs": args.procfs,
         "roots.sysfs": args.sysfs,
         "roots.devfs": args.devfs,
+        # the embedded control plane, once started, is where this agent's evidence goes
+        "server.url": args.embedded.base_url if args.embedded else None,
+        "server.token_file": str(args.embedded.settings.token_file) if args.embedded else None,
     }
 
 
@@ -114,17 +140,24 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.json and not args.once:
         raise UsageError("--json goes with --once (the daemon serves JSON on /v1/evidence)")
+    if args.once and args.control_plane:
+        raise UsageError("--control-plane goes with the daemon, not with --once")
     config = load(args)
     if args.once:
         return _once(Agent(config, persist=False), args.json)
+    if args.control_plane == "embedded":
+        args.embedded = _start_control_plane(args, config.state_dir)
+        config = load(args)
     agent = Agent(config)
     try:
         agent.start()
     except OSError as exc:
+        _stop_control_plane(args)
         raise UsageError(
             f"cannot serve the API on {config.listen} and {config.socket}: {exc.strerror or exc}"
         ) from None
     except ValueError as exc:
+        _stop_control_plane(args)
         raise UsageError(f"agent configuration: {exc}") from None
     assert agent.api is not None
     print(
@@ -135,11 +168,60 @@ def handle(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    agent.serve(
-        lambda: load(args),
-        lambda text: print(f"denpex agent: {text}", file=sys.stderr, flush=True),
-    )
+    if args.embedded:
+        print(
+            f"denpex agent: embedded control plane on {args.embedded.base_url} "
+            f"({args.embedded.settings.db_url.split('@')[-1]})",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        agent.serve(
+            lambda: load(args),
+            lambda text: print(f"denpex agent: {text}", file=sys.stderr, flush=True),
+        )
+    finally:
+        _stop_control_plane(args)
     return 0
+
+
+def _start_control_plane(args: argparse.Namespace, state_dir):
+    """The control plane in this process (`--control-plane embedded`), started and serving."""
+    from denpex.agent.config import parse_listen
+
+    try:
+        from denpex.control.db import StoreError
+        from denpex.control.embedded import EmbeddedControlPlane, EmbeddedSettings
+    except ImportError as exc:
+        raise UsageError(
+            f"--control-plane embedded needs the server's dependencies ({exc.name}): "
+            "pip install 'denpex[server]'"
+        ) from None
+    try:
+        host, port = parse_listen(args.control_plane_listen)
+    except ValueError as exc:
+        raise UsageError(str(exc).replace("--listen", "--control-plane-listen")) from None
+    plane = EmbeddedControlPlane(
+        EmbeddedSettings(
+            state_dir=state_dir / "control-plane",
+            host=host,
+            port=port,
+            tenant=args.control_plane_tenant,
+            url=args.control_plane_db,
+        )
+    )
+    try:
+        plane.start()
+    except StoreError as exc:
+        raise UsageError(f"--control-plane embedded: {exc}") from None
+    except OSError as exc:
+        raise UsageError(f"--control-plane embedded: {exc.strerror or exc}") from None
+    return plane
+
+
+def _stop_control_plane(args: argparse.Namespace) -> None:
+    if args.embedded:
+        args.embedded.stop()
 
 
 def _once(agent, as_json: bool) -> int:
