@@ -195,7 +195,7 @@ def test_broken_object_is_reported_and_others_run(objects_dir: Path, tmp_path: P
         obs = _poll(collector, [])
         assert set(collector.objects) == {"sched", "pagefault"}
         failed = [o for o in obs if o.kind == "state" and o.attrs.get("program") == "oom"]
-        assert failed and "bpf_object__open_file" in failed[0].attrs["reason"]
+        assert failed and "bpf_object__open_mem" in failed[0].attrs["reason"]
     finally:
         collector.close()
 

@@ -20,7 +20,7 @@ from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 from denpex.core.wire import Registration
 from denpex.host.base import HostCollector
-from denpex.host.ebpf import layouts, loader
+from denpex.host.ebpf import layouts, loader, signed
 from denpex.host.ebpf.events import (
     METRICS_HELP,
     exit_event,
@@ -116,9 +116,13 @@ class EbpfCollector(HostCollector):
             problems.append(privileges)
         if problems:
             return False, "; ".join(problems) + " (falling back to procfs/kmsg collectors)"
+        try:
+            trust = signed.trust_for(folder, self.options.get("release_key"))
+        except signed.UnsignedObject as exc:
+            return False, f"{exc} (falling back to procfs/kmsg collectors)"
         absent = sorted(set(self.enabled_programs()) - set(built))
         note = f" (not built: {', '.join(absent)})" if absent else ""
-        return True, f"eBPF programs {', '.join(built)} from {folder}{note}"
+        return True, f"eBPF programs {', '.join(built)} from {folder}{note}, {trust.describe}"
 
     def load(self) -> None:
         """Opens, loads and attaches every enabled program once; failures are recorded."""
@@ -126,19 +130,26 @@ class EbpfCollector(HostCollector):
             return
         self._loaded = True
         folder = self._objects_dir()
+        try:
+            trust = signed.trust_for(folder, self.options.get("release_key"))
+        except signed.UnsignedObject as exc:
+            for program in self.enabled_programs():
+                self.program_errors[program] = str(exc)
+            log.warning("no eBPF program loaded: %s", exc)
+            return
         for program in self.enabled_programs():
             started = time.perf_counter()
             path = folder / f"{program}.bpf.o"
             try:
                 if not path.is_file():
                     raise loader.BpfError(f"{path} not built")
-                obj = loader.BpfObject(path)
+                obj = loader.BpfObject(path, data=signed.verified_bytes(path, trust))
                 try:
                     self._attach(program, obj)
                 except Exception:
                     obj.close()
                     raise
-            except (loader.BpfError, OSError) as exc:
+            except (loader.BpfError, OSError, signed.UnsignedObject) as exc:
                 self.program_errors[program] = str(exc)
                 log.warning("eBPF program %s not running: %s", program, exc)
                 continue

@@ -40,6 +40,7 @@ class UprobeOpts(ctypes.Structure):
 _SIGNATURES: dict[str, tuple[object, list[object]]] = {
     "libbpf_set_print": (ctypes.c_void_p, [_PRINT_FN]),
     "bpf_object__open_file": (ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_void_p]),
+    "bpf_object__open_mem": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "bpf_object__load": (ctypes.c_int, [ctypes.c_void_p]),
     "bpf_object__close": (None, [ctypes.c_void_p]),
     "bpf_object__next_program": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p]),
@@ -190,17 +191,35 @@ class RingBuffer:
             self._rb = None
 
 
-class BpfObject:
-    """One opened and loaded .bpf.o with its links; `close()` detaches and unloads all."""
+class _OpenOpts(ctypes.Structure):
+    """The head of struct bpf_object_open_opts (libbpf takes a shorter, older struct)."""
 
-    def __init__(self, path: Path, lib: ctypes.CDLL | None = None) -> None:
+    _fields_ = [("sz", ctypes.c_size_t), ("object_name", ctypes.c_char_p)]
+
+
+class BpfObject:
+    """One opened and loaded .bpf.o with its links; `close()` detaches and unloads all.
+
+    With `data` (the object's bytes, already checked: see signed.py) libbpf loads exactly
+    those bytes, never the file again, so nothing can be swapped in between."""
+
+    def __init__(self, path: Path, lib: ctypes.CDLL | None = None, data: bytes | None = None):
         self.path = path
         self._lib = lib or libbpf()
         self._links: list[int] = []
         self._rings: list[RingBuffer] = []
-        self._obj = self._lib.bpf_object__open_file(str(path).encode(), None)
+        if data is None:
+            self._obj = self._lib.bpf_object__open_file(str(path).encode(), None)
+        else:
+            self._buffer = ctypes.create_string_buffer(data, len(data))
+            self._opts = _OpenOpts(ctypes.sizeof(_OpenOpts), path.name.split(".")[0].encode())
+            self._obj = self._lib.bpf_object__open_mem(
+                self._buffer, len(data), ctypes.byref(self._opts)
+            )
         if not self._obj:
-            raise _fail("bpf_object__open_file", str(path))
+            raise _fail(
+                "bpf_object__open_file" if data is None else "bpf_object__open_mem", str(path)
+            )
         rc = self._lib.bpf_object__load(self._obj)
         if rc < 0:
             self._lib.bpf_object__close(self._obj)
