@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Builds the frozen denpex binaries from Debian's /usr/bin/python3 (a venv under build/):
 # dist/denpex/ (onedir, executable dist/denpex/denpex), dist/denpex-onefile and
-# dist/denpex-static (the onefile made fully static by staticx). Idempotent: a rebuild is
-# skipped when no source changed since the last successful one.
-# Usage: bash dist_scripts/build_binary.sh [--dist DIR] [--build DIR] [--no-static] [--force] [--help]
+# dist/denpex-static (the onefile made fully static by staticx), every role inside (agent, run,
+# scan, the control plane); dist/denpex-rag/ holds the optional `rag` extra. Idempotent: a
+# rebuild is skipped when no source changed since the last successful one.
+# Every eBPF object is signed with the release key (--key) before it is frozen in.
+# Usage: bash dist_scripts/build_binary.sh [--dist DIR] [--build DIR] [--key FILE] [--no-static]
+#        [--no-rag] [--force] [--help]
 set -euo pipefail
 
 usage() {
     cat <<'USAGE'
-Usage: bash dist_scripts/build_binary.sh [--dist DIR] [--build DIR] [--no-static] [--force]
+Usage: bash dist_scripts/build_binary.sh [--dist DIR] [--build DIR] [--key FILE] [--no-static] [--no-rag] [--force]
 
   --dist DIR    where the binaries go (default: dist/ of the repository)
   --build DIR   venv and PyInstaller work files (default: build/frozen/ of the repository)
+  --key FILE    the release secret key that signs the eBPF objects (minisign format, as
+                build_bundle.sh --key; also DENPEX_RELEASE_KEY). Default: a throwaway key
+                under the build folder (not for release; build_bundle.sh --key refuses it)
   --no-static   skip staticx (writes only dist/denpex/ and dist/denpex-onefile)
+  --no-rag      skip dist/denpex-rag/ (the `rag` extra: embeddings for retrieval; the
+                binaries find it beside themselves, or through DENPEX_RAG_DIR)
   --force       rebuild even when nothing changed since the last build
   --help        this text
 
@@ -27,12 +35,16 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DIST="$ROOT/dist"
 BUILD="$ROOT/build/frozen"
 STATIC=1
+RAG=1
 FORCE=0
+KEY=${DENPEX_RELEASE_KEY:-}
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --dist) DIST=$(realpath -m "$2"); shift 2 ;;
         --build) BUILD=$(realpath -m "$2"); shift 2 ;;
         --no-static) STATIC=0; shift ;;
+        --no-rag) RAG=0; shift ;;
+        --key) KEY=$(realpath "$2"); shift 2 ;;
         --force) FORCE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build_binary: unknown argument $1" >&2; usage >&2; exit 2 ;;
@@ -43,11 +55,24 @@ PYTHON=${PYTHON:-/usr/bin/python3}
 VENV="$BUILD/venv"
 STAMP="$DIST/.denpex-build-stamp"
 log() { echo "build_binary: $*"; }
+SIGN=("${PYTHON}" "$ROOT/dist_scripts/sign.py")  # needs cryptography (python3-cryptography)
+THROWAWAY=0
+if [[ -z "$KEY" ]]; then
+    KEY="$BUILD/throwaway-key/denpex-release.key"
+    THROWAWAY=1
+fi
+# the public key of KEY ("" until the key exists and the build packages are in)
+PUBKEY=$("${SIGN[@]}" pubkey --key "$KEY" 2>/dev/null || true)
+SHIPPED_PUB="$DIST/denpex/_internal/denpex/host/bpf/denpex-release.pub"
 
 sources_changed() {
     # true when any input of the build is newer than the last successful build
     [[ $FORCE -eq 1 || ! -f "$STAMP" || ! -x "$DIST/denpex/denpex" ]] && return 0
     [[ $STATIC -eq 1 && ! -x "$DIST/denpex-static" ]] && return 0
+    [[ $RAG -eq 1 && ! -d "$DIST/denpex-rag" ]] && return 0
+    # signed with another key than the one given now
+    [[ -n "$(ls "$DIST"/denpex/_internal/denpex/host/bpf/*.bpf.o 2>/dev/null)" &&
+        "$(cat "$SHIPPED_PUB" 2>/dev/null)" != "$PUBKEY" ]] && return 0
     local inputs=(denpex _native signatures sdk bpf setup.py pyproject.toml
         dist_scripts/denpex.spec dist_scripts/denpex_entry.py dist_scripts/hooks
         dist_scripts/build_binary.sh dist_scripts/build-packages.txt)
@@ -58,7 +83,7 @@ sources_changed() {
 
 print_sizes() {
     local f
-    for f in "$DIST/denpex" "$DIST/denpex-onefile" "$DIST/denpex-static"; do
+    for f in "$DIST/denpex" "$DIST/denpex-onefile" "$DIST/denpex-static" "$DIST/denpex-rag"; do
         [[ -e "$f" ]] && printf '  %-28s %s\n' "$(basename "$f")$([[ -d "$f" ]] && echo /)" \
             "$(du -sh "$f" | cut -f1)"
     done
@@ -72,6 +97,12 @@ if ! sources_changed; then
 fi
 
 bash "$ROOT/scripts/install-packages.sh" "$ROOT/dist_scripts/build-packages.txt"
+if [[ $THROWAWAY -eq 1 ]]; then
+    [[ -f "$KEY" ]] || "${SIGN[@]}" keygen "$BUILD/throwaway-key" >/dev/null
+    log "THROWAWAY KEY $KEY signs the eBPF objects: not for release"
+fi
+[[ -r "$KEY" ]] || { echo "build_binary: cannot read the key $KEY" >&2; exit 1; }
+PUBKEY=$("${SIGN[@]}" pubkey --key "$KEY")
 if [[ "$("$PYTHON" -c 'import sys; print(sys.base_prefix)')" == *pyenv* ]]; then
     echo "build_binary: $PYTHON is a pyenv build; staticx refuses it. Use /usr/bin/python3." >&2
     exit 1
@@ -97,7 +128,18 @@ touch "$BUILD/stamp.new"  # what is copied now is what this build is of
     --exclude='_native/*.c' --exclude='denpex/host/bpf' --exclude='*.pyc' \
     pyproject.toml setup.py README.md MANIFEST.in denpex _native signatures sdk bpf) |
     tar -x -C "$BUILD/src"
-"${PIP[@]}" --upgrade --upgrade-strategy only-if-needed --no-build-isolation "$BUILD/src"
+# [server]: the control plane (API, UI, migrations, SQLite and PostgreSQL drivers) is frozen in
+"${PIP[@]}" --upgrade --upgrade-strategy only-if-needed --no-build-isolation "$BUILD/src[server]"
+
+log "signing the eBPF objects (release key $(sed -n 's/^untrusted comment: //p' <<<"$PUBKEY"))"
+BPF_INSTALLED=$("$VENV/bin/python" -c 'from importlib import resources
+print(resources.files("denpex.host").joinpath("bpf"))')
+for object in "$BPF_INSTALLED"/*.bpf.o; do
+    [[ -e "$object" ]] || continue
+    "$VENV/bin/python" "$ROOT/dist_scripts/sign.py" sign --key "$KEY" \
+        --trusted "file:$(basename "$object") denpex-ebpf-object" "$object" >/dev/null
+done
+[[ -d "$BPF_INSTALLED" ]] && printf '%s\n' "$PUBKEY" >"$BPF_INSTALLED/denpex-release.pub"
 
 log "checking the installed denpex: compiled backends and the signature catalog"
 (
@@ -122,7 +164,18 @@ if not bpf and os.environ.get("DENPEX_NO_BPF") != "1":
         "build_binary: no eBPF objects were built (needs clang, bpftool and "
         "/sys/kernel/btf/vmlinux); set DENPEX_NO_BPF=1 to freeze without them"
     )
-print(f"build_binary: native backends, {len(bpf)} eBPF objects")
+from pathlib import Path
+
+from denpex.host.ebpf import signed
+
+if bpf:
+    trust = signed.trust_for(Path(str(bpf[0])).parent, None)
+    for obj in bpf:
+        signed.verified_bytes(Path(str(obj)), trust)  # raises when one does not verify
+    print(f"build_binary: {len(bpf)} eBPF objects {trust.describe}")
+import denpex.control.server  # noqa: F401  (the [server] extra is importable)
+
+print(f"build_binary: native backends, {len(bpf)} eBPF objects, the control plane")
 PY
     "$VENV/bin/python" -m denpex.catalog.check
 )
@@ -142,6 +195,18 @@ if [[ $STATIC -eq 1 ]]; then
     staticx --strip "$DIST/denpex-onefile" "$BUILD/denpex-static.tmp"
     chmod 755 "$BUILD/denpex-static.tmp"
     mv "$BUILD/denpex-static.tmp" "$DIST/denpex-static"
+fi
+
+if [[ $RAG -eq 1 ]]; then
+    log "the rag extra into dist/denpex-rag/ (optional, beside the binaries)"
+    rm -rf "$BUILD/denpex-rag" "$DIST/denpex-rag"
+    mapfile -t rag_requirements < <("$VENV/bin/python" -c 'import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["rag"]))' \
+        "$ROOT/pyproject.toml")
+    "${PIP[@]}" --target "$BUILD/denpex-rag" "${rag_requirements[@]}"
+    find "$BUILD/denpex-rag" -name __pycache__ -prune -exec rm -rf {} +
+    rm -rf "$BUILD/denpex-rag/bin"  # console scripts of the venv's Python: not for the binary
+    mv "$BUILD/denpex-rag" "$DIST/denpex-rag"
 fi
 
 log "smoke test of the frozen binaries"

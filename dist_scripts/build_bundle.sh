@@ -78,13 +78,21 @@ if [[ -z "$BINARY_DIR" || -z "$STATIC" ]]; then
     if [[ ( -z "$BINARY_DIR" && ! -x "$ROOT/dist/denpex/denpex" ) || ( -z "$STATIC" && ! -x "$ROOT/dist/denpex-static" ) ]]; then
         [[ -f "$HERE/build_binary.sh" ]] || fail "no frozen binaries in dist/ and no dist_scripts/build_binary.sh"
         log "building the frozen binaries (dist_scripts/build_binary.sh)"
-        bash "$HERE/build_binary.sh"
+        bash "$HERE/build_binary.sh" --key "$KEY"
     fi
     BINARY_DIR=${BINARY_DIR:-$ROOT/dist/denpex}
     STATIC=${STATIC:-$ROOT/dist/denpex-static}
 fi
 [[ -x "$BINARY_DIR/denpex" ]] || fail "$BINARY_DIR/denpex is not an executable (the onedir build)"
 [[ -x "$STATIC" ]] || fail "$STATIC is not an executable (the static binary)"
+# the eBPF objects inside must be signed by the key this bundle is signed with
+SHIPPED_PUB="$BINARY_DIR/_internal/denpex/host/bpf/denpex-release.pub"
+if [[ -n "$(ls "$BINARY_DIR"/_internal/denpex/host/bpf/*.bpf.o 2>/dev/null)" ]] &&
+    [[ "$(cat "$SHIPPED_PUB" 2>/dev/null)" != "$("$PYTHON" "$HERE/sign.py" pubkey --key "$KEY")" ]]; then
+    what="the eBPF objects in $BINARY_DIR are not signed by $KEY (rebuild: bash dist_scripts/build_binary.sh --key $KEY)"
+    [[ -n "$THROWAWAY" ]] || fail "$what"
+    log "WARNING: $what; acceptable for a throwaway bundle only"
+fi
 if [[ -z "$FREEZE_PYTHON" ]]; then
     FREEZE_PYTHON="$ROOT/build/frozen/venv/bin/python"
     if [[ ! -x "$FREEZE_PYTHON" ]]; then
