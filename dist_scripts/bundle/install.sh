@@ -2,8 +2,8 @@
 # Installs denpex from this air-gapped bundle after verifying it, or rolls back to the
 # previously installed version. Never touches the network.
 # Usage: bash install.sh [--prefix DIR] [--pubkey KEY | --trust-carried-key]
-#        [--with-systemd [--enable]] [--with-slurm DIR] [--verify-only] [--rollback]
-#        [--allow-downgrade] [--force] [--help]
+#        [--with-systemd [--enable]] [--with-slurm DIR] [--with-server [--db URL] [--listen HOST:PORT]
+#        [--kms URL]] [--verify-only] [--rollback] [--allow-downgrade] [--force] [--help]
 set -euo pipefail
 umask 022
 
@@ -28,6 +28,19 @@ Options:
   --systemd-dir DIR  where the unit goes (default /etc/systemd/system)
   --enable           with --with-systemd: also `systemctl enable --now denpex-agent`
   --with-slurm DIR   copy the Slurm prolog, epilog and HealthCheckProgram scripts into DIR
+  --with-server      install and start the control plane (`denpex server`, inside the same
+                     binary: nothing is fetched): the denpex-server.service unit when systemd
+                     runs, else a background process (PREFIX/var/server/server.pid); waits
+                     until it answers on --listen
+  --db URL           with --with-server: its database (default: SQLite, under
+                     /var/lib/denpex/server with systemd, else PREFIX/var/server), or
+                     postgresql://USER:PASSWORD@HOST:PORT/DB for an existing PostgreSQL
+  --listen HOST:PORT with --with-server: where it serves (default 127.0.0.1:9479)
+  --kms URL          with --with-server: the key-encryption key of stored secrets:
+                     pkcs11:token=LABEL;object=KEY?module=/path/libsofthsm2.so&pin-source=FILE
+                     (an HSM), openbao+https://HOST:8200/KEY (Vault/OpenBao transit; BAO_TOKEN
+                     in PREFIX/etc/server.env), aws:///alias/NAME, file:///PATH (default: a
+                     key file in the server's state folder)
   --verifier NAME    minisign | openssl | python (default: the first one found, in that order)
   --verify-only      verify the bundle and stop; nothing is written anywhere
   --rollback         point PREFIX/current back to PREFIX/previous (no bundle needed)
@@ -72,6 +85,10 @@ WITH_SYSTEMD=0
 SYSTEMD_DIR=/etc/systemd/system
 ENABLE=0
 SLURM_DIR=""
+WITH_SERVER=0
+DB_URL=""
+LISTEN=127.0.0.1:9479
+KMS_URL=""
 VERIFIER=auto
 VERIFY_ONLY=0
 ROLLBACK=0
@@ -108,6 +125,10 @@ while [[ $# -gt 0 ]]; do
         --systemd-dir) need_value "$@"; SYSTEMD_DIR=$(absolute "$2"); shift 2 ;;
         --enable) ENABLE=1; shift ;;
         --with-slurm) need_value "$@"; SLURM_DIR=$(absolute "$2"); shift 2 ;;
+        --with-server) WITH_SERVER=1; shift ;;
+        --db) need_value "$@"; DB_URL=$2; shift 2 ;;
+        --listen) need_value "$@"; LISTEN=$2; shift 2 ;;
+        --kms) need_value "$@"; KMS_URL=$2; shift 2 ;;
         --verifier) need_value "$@"; VERIFIER=$2; shift 2 ;;
         --verify-only) VERIFY_ONLY=1; shift ;;
         --rollback) ROLLBACK=1; shift ;;
@@ -122,6 +143,14 @@ done
 PREFIX=${PREFIX%/}
 [[ -n "$PREFIX" ]] || usage_error "--prefix / is not allowed"
 [[ $ENABLE -eq 0 || $WITH_SYSTEMD -eq 1 ]] || usage_error "--enable goes with --with-systemd"
+if [[ $WITH_SERVER -eq 0 && ( -n "$DB_URL" || -n "$KMS_URL" || "$LISTEN" != 127.0.0.1:9479 ) ]]; then
+    usage_error "--db, --listen and --kms go with --with-server"
+fi
+[[ -z "$DB_URL" || "$DB_URL" =~ ^(sqlite:///|postgresql(\+psycopg)?://)[^[:space:]\']+$ ]] ||
+    usage_error "--db: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+[[ -z "$KMS_URL" || "$KMS_URL" =~ ^(pkcs11:|openbao\+https?://|vault\+https?://|aws:|file:///)[^[:space:]\']*$ ]] ||
+    usage_error "--kms: pkcs11:…, openbao+https://…, aws:…, or file:///PATH"
+[[ "$LISTEN" =~ ^[A-Za-z0-9.:_-]+:[0-9]+$ ]] || usage_error "--listen: HOST:PORT"
 [[ -z "$PUBKEY" || $TRUST_CARRIED -eq 0 ]] || usage_error "--pubkey and --trust-carried-key exclude each other"
 [[ -z "$PUBKEY" || -r "$PUBKEY" ]] || usage_error "--pubkey $PUBKEY: cannot read it"
 case "$VERIFIER" in auto | minisign | openssl | python) ;; *) usage_error "--verifier: minisign, openssl or python" ;; esac
@@ -419,6 +448,77 @@ if [[ -n "$SLURM_DIR" ]]; then
         install_file "slurm/$script" "$SLURM_DIR/denpex-$script" 0755
     done
     say "Slurm: set Prolog=$SLURM_DIR/denpex-prolog.sh Epilog=$SLURM_DIR/denpex-epilog.sh HealthCheckProgram=$SLURM_DIR/denpex-healthcheck.sh in slurm.conf"
+fi
+
+# ---------------------------------------------------------------- the control plane
+
+systemd_running() { # DENPEX_INSTALL_SYSTEMD=0: as if it were not (tests, containers)
+    [[ "${DENPEX_INSTALL_SYSTEMD:-1}" != 0 && -d /run/systemd/system ]] && command -v systemctl >/dev/null
+}
+
+server_answers() { # server_answers HOST PORT: GET /healthz answers 200 (bash only, no curl)
+    local host=$1 port=$2 reply
+    exec 9<>"/dev/tcp/$host/$port" 2>/dev/null || return 1
+    printf 'GET /healthz HTTP/1.0\r\nHost: %s\r\n\r\n' "$host" >&9
+    IFS= read -r -t 5 reply <&9 || reply=""
+    exec 9<&- 9>&-
+    [[ "$reply" == "HTTP/1."?" 200"* ]]
+}
+
+if [[ $WITH_SERVER -eq 1 ]]; then
+    if systemd_running; then
+        SERVER_STATE=/var/lib/denpex/server
+    else
+        SERVER_STATE="$PREFIX/var/server"
+    fi
+    DB_URL=${DB_URL:-sqlite:///$SERVER_STATE/control.db}
+    # credentials (a database password, BAO_TOKEN) live in server.env, 0600, never in the unit
+    {
+        echo "# written by install.sh --with-server; the control plane reads it at start"
+        echo "DENPEX_SERVER_DB=$DB_URL"
+        [[ -n "$KMS_URL" ]] && echo "DENPEX_KMS=$KMS_URL"
+        [[ -f "$PREFIX/etc/server.env" ]] && grep -Ev '^(#|DENPEX_SERVER_DB=|DENPEX_KMS=)' "$PREFIX/etc/server.env"
+    } >"$WORK/server.env" || true
+    if ! cmp -s "$WORK/server.env" "$PREFIX/etc/server.env" 2>/dev/null; then
+        install -m 0600 "$WORK/server.env" "$PREFIX/etc/server.env"
+        changed=1
+        say "wrote $PREFIX/etc/server.env (database${KMS_URL:+ and KMS})"
+    fi
+    host=${LISTEN%:*}
+    port=${LISTEN##*:}
+    [[ "$host" == 0.0.0.0 ]] && host=127.0.0.1
+    if systemd_running; then
+        sed "s|@LISTEN@|$LISTEN|g" systemd/denpex-server.service >"$WORK/denpex-server.service"
+        install_file "$WORK/denpex-server.service" "$SYSTEMD_DIR/denpex-server.service" 0644
+        systemctl daemon-reload
+        systemctl enable denpex-server.service
+        systemctl restart denpex-server.service
+    else
+        mkdir -p "$SERVER_STATE"
+        chmod 0700 "$SERVER_STATE"
+        if [[ -f "$SERVER_STATE/server.pid" ]] && kill -0 "$(cat "$SERVER_STATE/server.pid")" 2>/dev/null; then
+            kill "$(cat "$SERVER_STATE/server.pid")"
+            for _ in $(seq 100); do kill -0 "$(cat "$SERVER_STATE/server.pid")" 2>/dev/null || break; sleep 0.1; done
+        fi
+        warn "systemd is not running here: starting the control plane as a background process"
+        (
+            set -a
+            # shellcheck disable=SC1091
+            . "$PREFIX/etc/server.env"
+            set +a
+            cd /
+            DENPEX_STATE_DIR="$SERVER_STATE" exec setsid "$PREFIX/bin/denpex" server --listen "$LISTEN" \
+                </dev/null >>"$SERVER_STATE/server.log" 2>&1
+        ) &
+        echo $! >"$SERVER_STATE/server.pid"
+    fi
+    for _ in $(seq 600); do
+        server_answers "$host" "$port" && break
+        sleep 0.2
+    done
+    server_answers "$host" "$port" || die "the control plane did not answer on $LISTEN (see ${SERVER_STATE}/server.log or journalctl -u denpex-server)"
+    changed=1
+    say "control plane on http://$LISTEN (${DB_URL%%://*}); a login token: (set -a; . $PREFIX/etc/server.env; $PREFIX/bin/denpex server token --tenant T --role admin)"
 fi
 
 if [[ $changed -eq 0 ]]; then

@@ -164,3 +164,51 @@ def test_healthcheck_with_the_real_binary_is_bounded(real, tmp_path):
     )
     assert time.monotonic() - start < 10
     assert check.returncode in (0, 1), check.stderr
+
+
+APPLIANCE = r"""
+set -euo pipefail
+ip link set lo up
+ip route show | grep -q default && { echo "a route out exists" >&2; exit 9; }
+DENPEX_INSTALL_SYSTEMD=0 bash "$BUNDLE/install.sh" --prefix "$PREFIX" --pubkey "$KEY" \
+    --with-server --listen 127.0.0.1:19479 --kms "file://$PREFIX/var/kek.json"
+pid=$(cat "$PREFIX/var/server/server.pid")
+trap 'kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.1; done' EXIT
+curl -sf http://127.0.0.1:19479/login >"$OUT/login.html"
+(set -a; . "$PREFIX/etc/server.env"; "$PREFIX/bin/denpex" server token --tenant t1 \
+    --role operator) >"$OUT/token" 2>/dev/null
+curl -sf -H "Authorization: Bearer $(cat "$OUT/token")" http://127.0.0.1:19479/api/v1/incidents \
+    >"$OUT/incidents.json"
+stat -c %a "$PREFIX/etc/server.env" >"$OUT/env-mode"
+"""
+
+
+def test_appliance_installs_and_serves_the_control_plane_with_no_route_out(real, tmp_path):
+    """install.sh --with-server in a network namespace with only loopback: the control plane
+    from the bundle's own binary (nothing fetched) migrates SQLite, serves its login page and
+    answers the API with a token minted from the written server.env."""
+    if shutil.which("curl") is None or shutil.which("ip") is None:
+        pytest.skip("needs curl and ip (iproute2)")
+    bundle = unpack(real["tarball"], tmp_path / "b")
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(
+        ["unshare", "-n", "bash", "-c", APPLIANCE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "BUNDLE": str(bundle),
+            "PREFIX": str(tmp_path / "prefix"),
+            "KEY": str(real["key"]),
+            "OUT": str(out),
+        },
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "control plane on http://127.0.0.1:19479" in proc.stdout
+    assert "<title>Log in" in (out / "login.html").read_text()
+    assert json.loads((out / "incidents.json").read_text())["items"] == []
+    assert (out / "env-mode").read_text().strip() == "600"
+    env = (tmp_path / "prefix" / "etc" / "server.env").read_text()
+    assert "DENPEX_SERVER_DB=sqlite:///" in env and "DENPEX_KMS=file://" in env

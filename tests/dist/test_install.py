@@ -256,6 +256,23 @@ def test_help_and_bad_usage(bundle):
     assert install(bundle, "--prefix", "relative/path").returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--db", "sqlite:////x.db"], "go with --with-server"),
+        (["--with-server", "--db", "mysql://x"], "--db: sqlite"),
+        (["--with-server", "--kms", "gcp:x"], "--kms: pkcs11"),
+        (["--with-server", "--db", "sqlite:///x'; rm -rf /"], "--db: sqlite"),
+        (["--with-server", "--listen", "nowhere"], "--listen: HOST:PORT"),
+    ],
+)
+def test_server_options_are_checked_before_anything_is_written(bundle, tmp_path, args, says):
+    prefix = tmp_path / "prefix"
+    proc = install(bundle, "--prefix", str(prefix), *args)
+    assert proc.returncode == 2 and says in proc.stderr, proc.stderr
+    assert not prefix.exists()
+
+
 def test_relative_pubkey_is_the_callers_file(built, tmp_path):
     """`--pubkey denpex-release.pub` names the operator's file in the folder install.sh runs
     from, never the key of that name inside the bundle: a bundle re-signed with another key

@@ -99,11 +99,12 @@ def _filled_unit(tmp_path: Path) -> Path:
     text = UNIT.read_text()
     for marker, value in (
         ("@PREFIX@", str(prefix)),
-        ("@DB@", "sqlite:////var/lib/denpex/server/control.db"),
         ("@LISTEN@", "127.0.0.1:9479"),
     ):
         text = text.replace(marker, value)
     assert not re.search(r"@[A-Z]+@", text), "a marker install.sh does not fill"
+    (prefix / "etc").mkdir()
+    (prefix / "etc" / "server.env").write_text("DENPEX_SERVER_DB=sqlite:////var/lib/x.db\n")
     unit = tmp_path / UNIT.name
     unit.write_text(text)
     return unit
