@@ -475,8 +475,9 @@ if [[ $WITH_SERVER -eq 1 ]]; then
     # credentials (a database password, BAO_TOKEN) live in server.env, 0600, never in the unit
     {
         echo "# written by install.sh --with-server; the control plane reads it at start"
-        echo "DENPEX_SERVER_DB=$DB_URL"
-        [[ -n "$KMS_URL" ]] && echo "DENPEX_KMS=$KMS_URL"
+        # single quotes: a pkcs11: or postgresql:// URL holds ; & ? (the checks above refuse ')
+        echo "DENPEX_SERVER_DB='$DB_URL'"
+        [[ -n "$KMS_URL" ]] && echo "DENPEX_KMS='$KMS_URL'"
         [[ -f "$PREFIX/etc/server.env" ]] && grep -Ev '^(#|DENPEX_SERVER_DB=|DENPEX_KMS=)' "$PREFIX/etc/server.env"
     } >"$WORK/server.env" || true
     if ! cmp -s "$WORK/server.env" "$PREFIX/etc/server.env" 2>/dev/null; then

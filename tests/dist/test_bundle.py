@@ -211,4 +211,4 @@ def test_appliance_installs_and_serves_the_control_plane_with_no_route_out(real,
     assert json.loads((out / "incidents.json").read_text())["items"] == []
     assert (out / "env-mode").read_text().strip() == "600"
     env = (tmp_path / "prefix" / "etc" / "server.env").read_text()
-    assert "DENPEX_SERVER_DB=sqlite:///" in env and "DENPEX_KMS=file://" in env
+    assert "DENPEX_SERVER_DB='sqlite:///" in env and "DENPEX_KMS='file://" in env
