@@ -95,6 +95,10 @@ def version_text(verbose: bool) -> str:
             lines.append(f"{name}: {native.backend(name)}")
         lines.append(f"long lines: {engine()}")
         lines.append(f"signatures: {len(catalog)}")
+        from denpex.retrieval.embedding import unavailable_reason
+
+        reason = unavailable_reason()
+        lines.append(f"retrieval: {'embeddings' if reason is None else 'keywords (' + reason + ')'}")
         if native.extensions_disabled():
             lines.append("DENPEX_NO_EXTENSIONS=1: compiled modules disabled")
     return "\n".join(lines)

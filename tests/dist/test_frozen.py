@@ -319,3 +319,96 @@ def test_static_binary_runs_on_a_root_with_nothing_installed(dist, tmp_path):
         assert nested.returncode == 0, nested.stderr
     finally:
         subprocess.run(["umount", str(root / "proc")], check=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def test_server_on_sqlite_ingests_a_report_and_serves_the_ui(binary, tmp_path):
+    """`denpex server` from the frozen binary alone: migrations, the API, a job report sent by
+    the frozen `denpex scan`, the UI's login page and its vendored static files."""
+    db = f"sqlite:///{tmp_path / 'cp.db'}"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    minted = run(
+        binary, "server", "token", "--db", db, "--tenant", "t1", "--role", "operator", env=env
+    )
+    assert minted.returncode == 0, minted.stderr
+    token = minted.stdout.strip()
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [str(binary), "server", "--db", db, "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while _get(f"{base}/login")[0] != 200:
+            assert server.poll() is None, server.stderr.read()
+            assert time.monotonic() < deadline, "the frozen server never answered"
+            time.sleep(0.2)
+        status, page = _get(f"{base}/login")
+        assert b"<title>Log in" in page and b'action="/login"' in page
+        for asset in ("htmx.min.js", "denpex.css"):
+            status, body = _get(f"{base}/static/{asset}")
+            assert status == 200 and len(body) > 1000, asset
+
+        log = tmp_path / "job.log"
+        log.write_text("Traceback (most recent call last):\nValueError: bad shard\n")
+        scan_env = {
+            **env,
+            "DENPEX_AGENT_URL": "off",
+            "DENPEX_OUTBOX": str(tmp_path / "outbox"),
+            "DENPEX_SERVER_URL": base,
+            "DENPEX_TOKEN": token,
+            "DENPEX_JOB": "frozen-job",
+        }
+        scanned = run(binary, "scan", "--quiet", str(log), env=scan_env)
+        assert scanned.returncode == 1, scanned.stderr
+        status, body = _get(f"{base}/api/v1/jobs", token)
+        assert status == 200, body
+        assert "frozen-job" in {job["job"] for job in json.loads(body)["items"]}
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def test_rag_folder_beside_the_binary_turns_embeddings_on(binary, dist):
+    """The `rag` extra is its own folder: with it the frozen binary embeds, without it it
+    says retrieval is by keywords and what to install."""
+    if not (dist / "denpex-rag").is_dir():
+        pytest.skip("dist/denpex-rag was not built (build_binary.sh --no-rag?)")
+    env = _clean_env()
+    env.pop("DENPEX_RAG_DIR", None)
+    found = run(binary, "--version", "--verbose", env=env)
+    assert found.returncode == 0, found.stderr
+    assert "retrieval: embeddings" in found.stdout.splitlines()
+    env["DENPEX_RAG_DIR"] = str(dist / "no-such-folder")
+    missing = run(binary, "--version", "--verbose", env=env)
+    assert missing.returncode == 0, missing.stderr
+    assert "retrieval: keywords (numpy is not installed" in missing.stdout
