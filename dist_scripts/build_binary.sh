@@ -132,7 +132,8 @@ touch "$BUILD/stamp.new"  # what is copied now is what this build is of
 "${PIP[@]}" --upgrade --upgrade-strategy only-if-needed --no-build-isolation "$BUILD/src[server]"
 
 log "signing the eBPF objects (release key $(sed -n 's/^untrusted comment: //p' <<<"$PUBKEY"))"
-BPF_INSTALLED=$("$VENV/bin/python" -c 'from importlib import resources
+# from $BUILD: run from the checkout, python would find the source tree's denpex first
+BPF_INSTALLED=$(cd "$BUILD" && "$VENV/bin/python" -c 'from importlib import resources
 print(resources.files("denpex.host").joinpath("bpf"))')
 for object in "$BPF_INSTALLED"/*.bpf.o; do
     [[ -e "$object" ]] || continue
