@@ -98,7 +98,9 @@ def version_text(verbose: bool) -> str:
         from denpex.retrieval.embedding import unavailable_reason
 
         reason = unavailable_reason()
-        lines.append(f"retrieval: {'embeddings' if reason is None else 'keywords (' + reason + ')'}")
+        lines.append(
+            f"retrieval: {'embeddings' if reason is None else 'keywords (' + reason + ')'}"
+        )
         if native.extensions_disabled():
             lines.append("DENPEX_NO_EXTENSIONS=1: compiled modules disabled")
     return "\n".join(lines)

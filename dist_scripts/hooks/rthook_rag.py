@@ -25,7 +25,10 @@ def _rag_folder() -> str | None:
     if given:
         return given if os.path.isdir(given) else None
     here = os.path.dirname(os.path.realpath(_program()))
-    for folder in (os.path.join(here, "denpex-rag"), os.path.join(os.path.dirname(here), "denpex-rag")):
+    for folder in (
+        os.path.join(here, "denpex-rag"),
+        os.path.join(os.path.dirname(here), "denpex-rag"),
+    ):
         if os.path.isdir(folder):
             return folder
     return None
