@@ -412,3 +412,31 @@ def test_rag_folder_beside_the_binary_turns_embeddings_on(binary, dist):
     missing = run(binary, "--version", "--verbose", env=env)
     assert missing.returncode == 0, missing.stderr
     assert "retrieval: keywords (numpy is not installed" in missing.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="loading eBPF programs needs root")
+@pytest.mark.skipif(
+    not Path("/sys/kernel/btf/vmlinux").exists(), reason="no kernel BTF: eBPF is off"
+)
+def test_frozen_agent_refuses_a_tampered_ebpf_object(dist, tmp_path):
+    """The onedir's objects are signed at build time; one byte changed in one of them after
+    the build and the agent refuses that program, loading the others."""
+    copy = tmp_path / "denpex"
+    shutil.copytree(dist / "denpex", copy, symlinks=True)
+    objects = copy / "_internal" / "denpex" / "host" / "bpf"
+    assert (objects / "oom.bpf.o.minisig").is_file() and (objects / "denpex-release.pub").is_file()
+    data = bytearray((objects / "oom.bpf.o").read_bytes())
+    data[data.rindex(b"GPL")] = ord("g")
+    (objects / "oom.bpf.o").write_bytes(bytes(data))
+    result = run(copy / "denpex", "agent", "--once", "--json", "--collectors", "ebpf")
+    assert result.returncode == 0, result.stderr
+    events = json.loads(result.stdout)["events"]
+    attached = {
+        e["attrs"]["program"]: e["attrs"]["value"]
+        for e in events
+        if e["body"] == "ebpf_program_attached"
+    }
+    assert attached["oom"] == 0 and attached["sched"] == 1, attached
+    (failed,) = [e for e in events if e["attrs"].get("state") == "failed"]
+    assert failed["attrs"]["program"] == "oom"
+    assert "signature does not verify" in failed["attrs"]["reason"]
