@@ -26,6 +26,7 @@ from denpex.control.denials import DenialStore
 from denpex.control.fleet import FleetConfig, load_fleet_rules
 from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
+from denpex.control.identity_audit import IdentityAudit
 from denpex.control.leader import Leadership
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
@@ -111,6 +112,9 @@ class Runtime:
         self.store = Store(self.db)
         self.denials = DenialStore(self.db)
         self.oidc = OidcVerifier(options.oidc) if options.oidc is not None else None
+        self.identity = IdentityAudit(self.db)
+        if options.oidc is not None:
+            self.identity.sync_mappings("oidc", options.oidc.rules_by_tenant(), time.time_ns())
         self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)

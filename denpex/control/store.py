@@ -139,7 +139,7 @@ class Store:
                 result={"role": role, "note": note},
             )
 
-    def revoke_token(self, token_id: str, now_ns: int) -> bool:
+    def revoke_token(self, token_id: str, now_ns: int, actor: str = "admin") -> bool:
         with self.db.system_tx(write=True) as conn:
             result = conn.execute(
                 s.tokens.update()
@@ -147,12 +147,15 @@ class Store:
                 .values(revoked_ns=now_ns)
             )
             if result.rowcount:
+                tenant = conn.execute(
+                    sa.select(s.tokens.c.tenant).where(s.tokens.c.token_id == token_id)
+                ).scalar()
                 audit_log.append(
                     conn,
                     ts_ns=now_ns,
                     kind="token.revoked",
-                    actor="admin",
-                    tenant=None,
+                    actor=actor,
+                    tenant=tenant,
                     subject=f"token {token_id}",
                 )
             return bool(result.rowcount)

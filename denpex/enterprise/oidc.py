@@ -50,6 +50,14 @@ class Mapping_:
     client: str | None = None
 
 
+def rules_by_tenant(mappings: tuple[Mapping_, ...]) -> dict[str, list[dict[str, str]]]:
+    found: dict[str, list[dict[str, str]]] = {}
+    for m in mappings:
+        rule = {"group": m.group} if m.group is not None else {"client": m.client or ""}
+        found.setdefault(m.tenant, []).append({**rule, "role": m.role})
+    return found
+
+
 @dataclass(frozen=True)
 class OidcConfig:
     issuer: str
@@ -63,6 +71,10 @@ class OidcConfig:
     login_client_id: str | None = None
     login_scopes: tuple[str, ...] = ("openid", "groups")
     login_resource: str | None = None
+
+    def rules_by_tenant(self) -> dict[str, list[dict[str, str]]]:
+        """The mapping rules per tenant, as the audit records them."""
+        return rules_by_tenant(self.mappings)
 
     @classmethod
     def load(cls, path: str | Path) -> OidcConfig:

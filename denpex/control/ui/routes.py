@@ -40,6 +40,7 @@ from denpex.control.ui.session import (
 from denpex.control.ui.views import fleet as fleet_view
 from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
 from denpex.enterprise import AuthError, Principal, authenticate
+from denpex.enterprise.oidc import looks_like_jwt
 from denpex.lite.report_html import timeline_svg
 
 CSP = (
@@ -178,17 +179,30 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         token = fields.get("token", "").strip()
         target = _safe_next(fields.get("next", "/"))
         try:
-            authenticate({"authorization": f"Bearer {token}"}, rt.tokens, rt.oidc)
+            found = authenticate({"authorization": f"Bearer {token}"}, rt.tokens, rt.oidc)
         except AuthError:
+            method = "oidc" if rt.oidc is not None and looks_like_jwt(token) else "token"
+            rt.identity.login_failed(method, time.time_ns(), credential=token, directory=rt.tokens)
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
             return page(request, "login.html", session, None, 401, next=target, message=message)
+        rt.identity.login(found, found.kind, time.time_ns())
         response = RedirectResponse(target, status_code=303)
         return set_session(response, request, new_session(token))  # a fresh CSRF token too
 
     @app.post("/logout", include_in_schema=False)
     async def logout(request: Request, _: Annotated[None, public]) -> Response:
         await form_of(request)
+        session = session_of(request)
+        if session is not None and session.token is not None:
+            try:
+                found = authenticate(
+                    {"authorization": f"Bearer {session.token}"}, rt.tokens, rt.oidc
+                )
+            except AuthError:
+                found = None  # the token ended already: nobody to sign out
+            if found is not None:
+                rt.identity.logout(found, time.time_ns())
         return set_session(RedirectResponse("/login", status_code=303), request, new_session())
 
     # --- pages -------------------------------------------------------------------------------
