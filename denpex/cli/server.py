@@ -73,6 +73,12 @@ def add_parser(commands) -> None:
         "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
     )
     parser.add_argument(
+        "--saml",
+        metavar="FILE",
+        help="also sign people in to the web UI through the SAML 2.0 IdP this YAML names, "
+        "with its group → tenant/role mappings (also: DENPEX_SAML_CONFIG)",
+    )
+    parser.add_argument(
         "--remediation-backend",
         choices=("slurm",),
         help="let the leader run remediation plans on this scheduler (default: plans are "
@@ -173,6 +179,7 @@ def handle(args: argparse.Namespace) -> int:
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
         policy_dir=args.policies,
         oidc=_oidc(args),
+        saml=_saml(args),
         kms_url=args.kms,
         remediation_backend=args.remediation_backend,
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
@@ -199,6 +206,20 @@ def _oidc(args: argparse.Namespace):
     try:
         return OidcConfig.load(path)
     except OidcConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _saml(args: argparse.Namespace):
+    import os
+
+    from denpex.enterprise.saml import SamlConfig, SamlConfigError
+
+    path = args.saml or os.environ.get("DENPEX_SAML_CONFIG")
+    if not path:
+        return None
+    try:
+        return SamlConfig.load(path)
+    except SamlConfigError as exc:
         raise UsageError(str(exc)) from None
 
 

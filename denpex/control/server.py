@@ -34,6 +34,7 @@ from denpex.control.remediation_loop import RemediationPass, RemediationThread, 
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sso import StoreSamlLedger
 from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import (
     OidcConfig,
@@ -43,6 +44,7 @@ from denpex.enterprise import (
     load_policies,
     open_kms,
 )
+from denpex.enterprise.saml import SamlConfig, SamlServiceProvider
 
 log = logging.getLogger("denpex.server")
 
@@ -60,6 +62,7 @@ class ServerOptions:
     token_cache_s: float = 5.0
     policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
     oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
+    saml: SamlConfig | None = None  # sign people in to the UI through this SAML IdP too
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
@@ -115,6 +118,10 @@ class Runtime:
         self.identity = IdentityAudit(self.db)
         if options.oidc is not None:
             self.identity.sync_mappings("oidc", options.oidc.rules_by_tenant(), time.time_ns())
+        self.saml: SamlServiceProvider | None = None
+        if options.saml is not None:
+            self.saml = SamlServiceProvider(options.saml, StoreSamlLedger(self.db))
+            self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
         self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)

@@ -171,6 +171,18 @@ class Matrix:
             ("GET", "/jobs"): lambda me, other: self.page(
                 me, "GET", "/jobs", ok(200), params=self.filters("job", "host", "category", "user")
             ),
+            # SAML sign-in: this server has no --saml, so each answers 404 (tests/enterprise)
+            ("GET", "/saml/metadata"): lambda me, other: self.page(
+                me, "GET", "/saml/metadata", ok(404)
+            ),
+            ("GET", "/saml/login"): lambda me, other: self.page(me, "GET", "/saml/login", ok(404)),
+            ("POST", "/saml/acs"): lambda me, other: (
+                "viewer",
+                "POST",
+                "/saml/acs",
+                {"data": {"SAMLResponse": mark(other.tenant)}},
+                ok(404),
+            ),
             ("DELETE", "/api/v1/secrets/{name}"): lambda me, other: (
                 "admin",
                 "DELETE",

@@ -37,6 +37,7 @@ from denpex.control.ui.session import (
     check_csrf,
     new_session,
 )
+from denpex.control.ui.sso_routes import add_sso_routes
 from denpex.control.ui.views import fleet as fleet_view
 from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
 from denpex.enterprise import AuthError, Principal, authenticate
@@ -170,7 +171,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         if session is not None and session.token is not None:
             return RedirectResponse(_safe_next(next), status_code=303)
         session = session or new_session()
-        response = page(request, "login.html", session, None, next=_safe_next(next))
+        saml = getattr(rt, "saml", None) is not None
+        response = page(request, "login.html", session, None, next=_safe_next(next), saml=saml)
         return set_session(response, request, session)
 
     @app.post("/login", include_in_schema=False)
@@ -202,8 +204,19 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             except AuthError:
                 found = None  # the token ended already: nobody to sign out
             if found is not None:
-                rt.identity.logout(found, time.time_ns())
+                now = time.time_ns()
+                record = rt.store.find_token(found.token_id) if found.kind == "token" else None
+                # an SSO session's own token (it has an owner and an end) dies with the session
+                revoked = bool(
+                    record is not None
+                    and record.owner is not None
+                    and record.expires_ns is not None
+                    and rt.store.revoke_token(found.token_id, now, actor=found.label)
+                )
+                rt.identity.logout(found, now, revoked=revoked)
         return set_session(RedirectResponse("/login", status_code=303), request, new_session())
+
+    add_sso_routes(app, rt, public, set_session, _safe_next)
 
     # --- pages -------------------------------------------------------------------------------
 
