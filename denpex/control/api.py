@@ -32,6 +32,7 @@ from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
 from denpex.control.remediation_api import add_routes as add_remediation_routes
+from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
@@ -95,6 +96,7 @@ def create_app(rt: Runtime) -> FastAPI:
     public = Decides(rt, "service:read", public=True)
 
     add_remediation_routes(app, rt.db, rt.store, principal)
+    add_scim_routes(app, rt, principal, public)
 
     # --- service ---------------------------------------------------------------------------
 

@@ -311,6 +311,7 @@ scim_users = sa.Table(
     sa.Column("user_name", sa.Text, nullable=False),
     sa.Column("external_id", sa.Text),
     sa.Column("active", sa.Boolean, nullable=False),
+    sa.Column("role", sa.Text),
     sa.Column("resource", sa.Text, nullable=False),
     sa.Column("version", sa.Integer, nullable=False),
     sa.Column("created_ns", sa.BigInteger, nullable=False),

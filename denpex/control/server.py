@@ -44,6 +44,7 @@ from denpex.enterprise import (
     load_policies,
     open_kms,
 )
+from denpex.enterprise.oidc import Mapping_
 from denpex.enterprise.saml import SamlConfig, SamlServiceProvider
 
 log = logging.getLogger("denpex.server")
@@ -142,6 +143,14 @@ class Runtime:
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def identity_rules(self) -> list[Mapping_]:
+        """Every identity-provider mapping rule (SAML's, then OIDC's): group → tenant, role."""
+        found: list[Mapping_] = []
+        for config in (self.options.saml, self.options.oidc):
+            if config is not None:
+                found.extend(config.mappings)
+        return found
 
     def _leading_fence(self) -> Fence | None:
         state = self.leadership.state

@@ -33,6 +33,8 @@ TENANTS = ("red", "blue")
 HOSTS = ("node1", "node2", "node3")  # both tenants use the same host and job names
 JOBS = ("train-a", "train-b")
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
+SCIM = {"Content-Type": "application/scim+json"}
+SCIM_USER = "urn:ietf:params:scim:schemas:core:2.0:User"
 
 
 def mark(tenant: str) -> str:
@@ -49,6 +51,7 @@ class Side:
     reports: list[str] = field(default_factory=list)
     incidents: list[int] = field(default_factory=list)
     plans: list[int] = field(default_factory=list)  # remediation plans the leader derived
+    scim_users: list[str] = field(default_factory=list)  # SCIM ids its provisioner made
     sent: int = 0
 
 
@@ -183,6 +186,19 @@ class Matrix:
                 {"data": {"SAMLResponse": mark(other.tenant)}},
                 ok(404),
             ),
+            # SCIM provisioning: a provisioner token's own tenant only
+            ("GET", "/scim/v2/ServiceProviderConfig"): lambda me, other: (
+                "viewer",
+                "GET",
+                "/scim/v2/ServiceProviderConfig",
+                {},
+                ok(200),
+            ),
+            ("POST", "/scim/v2/{path}"): self.scim_create,
+            ("GET", "/scim/v2/{path}"): self.scim_read,
+            ("PUT", "/scim/v2/{path}"): self.scim_put,
+            ("PATCH", "/scim/v2/{path}"): self.scim_patch,
+            ("DELETE", "/scim/v2/{path}"): self.scim_delete,
             ("DELETE", "/api/v1/secrets/{name}"): lambda me, other: (
                 "admin",
                 "DELETE",
@@ -273,6 +289,46 @@ class Matrix:
         value = {"value": f"https://hooks.test/{mark(me.tenant)}/{me.sent}"}
         path = f"/api/v1/secrets/{self.secret_name(me)}"
         return ("admin", "PUT", path, {"json": value}, ok(200))
+
+    # --- SCIM --------------------------------------------------------------------------------
+
+    def scim_create(self, me: Side, other: Side) -> Request:
+        me.sent += 1
+        name = f"u{me.sent}-{mark(me.tenant)}@corp.test"
+        body = {"schemas": [SCIM_USER], "userName": name, "displayName": mark(me.tenant)}
+        return ("provisioner", "POST", "/scim/v2/Users", {"json": body, "headers": SCIM}, ok(201))
+
+    def scim_target(self, me: Side, other: Side) -> tuple[str, bool]:
+        found, probe = self.pick(me, other, "scim_users")
+        return f"/scim/v2/Users/{found or 'none-yet'}", probe or found is None
+
+    def scim_read(self, me: Side, other: Side) -> Request:
+        if self.rng.random() < 0.5:  # a filter naming the other tenant's users: none come back
+            query = {"filter": f'userName co "{mark(other.tenant)}"'}
+            return ("provisioner", "GET", "/scim/v2/Users", {"params": query}, ok(200))
+        path, missing = self.scim_target(me, other)
+        return ("provisioner", "GET", path, {}, ok(404) if missing else ok(200))
+
+    def scim_put(self, me: Side, other: Side) -> Request:
+        path, missing = self.scim_target(me, other)
+        me.sent += 1
+        body = {"schemas": [SCIM_USER], "userName": f"p{me.sent}-{mark(me.tenant)}@corp.test"}
+        kwargs = {"json": body, "headers": SCIM}
+        return ("provisioner", "PUT", path, kwargs, ok(404) if missing else ok(200, 409))
+
+    def scim_patch(self, me: Side, other: Side) -> Request:
+        path, missing = self.scim_target(me, other)
+        op = {"op": "replace", "path": "displayName", "value": f"patched {mark(me.tenant)}"}
+        body = {"schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"], "Operations": [op]}
+        kwargs = {"json": body, "headers": SCIM}
+        return ("provisioner", "PATCH", path, kwargs, ok(404) if missing else ok(200, 204))
+
+    def scim_delete(self, me: Side, other: Side) -> Request:
+        found, probe = self.pick(me, other, "scim_users")
+        if found is None or probe:
+            return ("provisioner", "DELETE", f"/scim/v2/Users/{found or 'none-yet'}", {}, ok(404))
+        me.scim_users.remove(found)
+        return ("provisioner", "DELETE", f"/scim/v2/Users/{found}", {}, ok(204))
 
     # --- remediation ---------------------------------------------------------------------------
 
@@ -404,7 +460,11 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
     rng = random.Random(seed)
     sides = {
         t: Side(
-            t, {r: mint(url, t, r) for r in ("viewer", "operator", "approver", "auditor", "admin")}
+            t,
+            {
+                r: mint(url, t, r)
+                for r in ("viewer", "operator", "approver", "auditor", "admin", "provisioner")
+            },
         )
         for t in TENANTS
     }
@@ -430,11 +490,14 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             client.cookies.clear()  # a session travels only in the request that names it
             tally.requests += 1
             tally.by_route[route] += 1
+            if route == ("POST", "/scim/v2/{path}") and reply.status_code == 201:
+                me.scim_users.append(reply.json()["id"])
             probe = (
                 any(str(x) in path for x in (*other.evidence, *other.reports))
                 or any(f"/incidents/{i}/" in path + "/" for i in other.incidents)
                 or any(f"/dry-run/{i}/" in path + "/" for i in other.incidents)
                 or any(f"/plans/{i}/" in path + "/" for i in other.plans)
+                or any(f"/Users/{i}" in path for i in other.scim_users)
             )
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data

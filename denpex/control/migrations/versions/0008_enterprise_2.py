@@ -43,6 +43,7 @@ def upgrade() -> None:
         sa.Column("user_name", sa.Text, nullable=False),
         sa.Column("external_id", sa.Text),
         sa.Column("active", sa.Boolean, nullable=False),
+        sa.Column("role", sa.Text),  # what its groups give it in this tenant (None: nothing)
         sa.Column("resource", sa.Text, nullable=False),
         sa.Column("version", sa.Integer, nullable=False),
         sa.Column("created_ns", sa.BigInteger, nullable=False),
