@@ -253,3 +253,27 @@ def test_the_ledger_accepts_each_request_and_assertion_once(tmp_path: Path) -> N
         assert not ledger.first_use("a1", expires_ns=9_000, now_ns=1_002)  # a replay
     finally:
         db.dispose()
+
+
+def test_scim_decides_for_the_people_it_provisioned(sso: Sso) -> None:
+    """A person SCIM knows signs in with the role SCIM's groups give, and not at all once
+    SCIM deactivated them, whatever the assertion's groups say."""
+    scim = {"Authorization": f"Bearer {sso.api.token('acme', 'provisioner')}",
+            "Content-Type": "application/scim+json"}  # fmt: skip
+    user = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:User"], "userName": ALICE}
+    made = sso.api.client.post("/scim/v2/Users", headers=scim, json=user)
+    assert made.status_code == 201, made.text
+    group = {"schemas": ["urn:ietf:params:scim:schemas:core:2.0:Group"], "displayName": "admins",
+             "members": [{"value": made.json()["id"]}]}  # fmt: skip
+    assert sso.api.client.post("/scim/v2/Groups", headers=scim, json=group).status_code == 201
+    request, relay = sso.start()
+    assert sso.post(sso.idp.answer(request, relay)).status_code == 200
+    assert sso.records("login.succeeded")[-1]["result"]["role"] == "admin"  # not operator
+
+    off = {"schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"],
+           "Operations": [{"op": "replace", "path": "active", "value": False}]}  # fmt: skip
+    reply = sso.api.client.patch(f"/scim/v2/Users/{made.json()['id']}", headers=scim, json=off)
+    assert reply.status_code in (200, 204)
+    assert sso.api.client.get("/jobs", follow_redirects=False).status_code == 303  # revoked
+    request, relay = sso.start()
+    assert sso.post(sso.idp.answer(request, relay)).status_code == 401

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
+from denpex.control.scim import user_role
 from denpex.control.sso import open_session_token
 from denpex.control.ui.session import Session, UiError, new_session
 from denpex.enterprise import AuthError, authenticate
@@ -61,6 +62,12 @@ def add_sso_routes(
         try:
             identity = sp.consume(fields.get("SAMLResponse", ""))
             tenant, role = sp.binding(identity)
+            provisioned = user_role(rt.db, tenant, identity.name_id)
+            if provisioned is not None:  # SCIM knows them: it says whether and as what
+                active, scim_role = provisioned
+                if not active or scim_role is None:
+                    raise SamlError(f"{identity.name_id}: deprovisioned or without a role (SCIM)")
+                role = scim_role
         except SamlError as exc:
             log.info("SAML sign-in refused: %s", exc)
             rt.identity.login_failed("saml", now)
