@@ -37,6 +37,7 @@ from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
+from denpex.control.ui.mfa_routes import add_mfa_api
 from denpex.core import jsonio
 from denpex.enterprise import (
     AuthError,
@@ -97,6 +98,7 @@ def create_app(rt: Runtime) -> FastAPI:
 
     add_remediation_routes(app, rt.db, rt.store, principal)
     add_scim_routes(app, rt, principal, public)
+    add_mfa_api(app, rt, principal)
 
     # --- service ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
 from denpex.control.identity_audit import IdentityAudit
 from denpex.control.leader import Leadership
+from denpex.control.mfa_store import MfaStore
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
@@ -124,6 +125,7 @@ class Runtime:
             self.saml = SamlServiceProvider(options.saml, StoreSamlLedger(self.db))
             self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
         self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
+        self.mfa = MfaStore(self.db, self.secrets)
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)

@@ -186,6 +186,31 @@ class Matrix:
                 {"data": {"SAMLResponse": mark(other.tenant)}},
                 ok(404),
             ),
+            # second factors: the tenant's setting (API) and a session's own factor (UI)
+            ("GET", "/api/v1/tenant/mfa"): lambda me, other: (
+                "admin",
+                "GET",
+                "/api/v1/tenant/mfa",
+                {},
+                ok(200),
+            ),
+            ("PUT", "/api/v1/tenant/mfa"): lambda me, other: (
+                "admin",
+                "PUT",
+                "/api/v1/tenant/mfa",
+                {"json": {"required": self.rng.random() < 0.5}},
+                ok(200),
+            ),
+            # these sessions owe no code: the code page and form say so
+            ("GET", "/login/mfa"): lambda me, other: self.page(me, "GET", "/login/mfa", ok(409)),
+            ("POST", "/login/mfa"): lambda me, other: self.page(
+                me, "POST", "/login/mfa", ok(409), form={"code": "123456"}
+            ),
+            ("GET", "/mfa"): lambda me, other: self.page(me, "GET", "/mfa", ok(200)),
+            ("POST", "/mfa/enrol"): lambda me, other: self.page(me, "POST", "/mfa/enrol", ok(200)),
+            ("POST", "/mfa/confirm"): lambda me, other: self.page(
+                me, "POST", "/mfa/confirm", ok(400), form={"code": "000000"}
+            ),
             # SCIM provisioning: a provisioner token's own tenant only
             ("GET", "/scim/v2/ServiceProviderConfig"): lambda me, other: (
                 "viewer",

@@ -25,11 +25,13 @@ from denpex.control.access import allows
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
 from denpex.control.ui.graph import causal_svg, row_anchor
+from denpex.control.ui.mfa_routes import add_mfa_routes, owed_factor
 from denpex.control.ui.session import (
     COOKIE,
     MAX_AGE_S,
     CsrfRefused,
     LoginRequired,
+    MfaPending,
     PageDecides,
     Session,
     SessionCodec,
@@ -81,8 +83,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
     def session_of(request: Request) -> Session | None:
         return codec.open(request.cookies.get(COOKIE))
 
-    def decides(action: str, *also: str) -> Any:
-        return Depends(PageDecides(rt, codec, action, also=also))
+    def decides(action: str, *also: str, enrolling: bool = False) -> Any:
+        return Depends(PageDecides(rt, codec, action, also=also, enrolling=enrolling))
 
     public = Depends(PageDecides(rt, codec, "service:read", public=True))
 
@@ -142,6 +144,13 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             return Response(status_code=401, headers={"HX-Redirect": target})
         return RedirectResponse(target, status_code=303)
 
+    @app.exception_handler(MfaPending)
+    def _mfa(request: Request, exc: MfaPending) -> Response:
+        target = exc.target + "?next=" + quote(request.url.path + _query(request), safe="")
+        if request.headers.get("hx-request"):
+            return Response(status_code=401, headers={"HX-Redirect": target})
+        return RedirectResponse(target, status_code=303)
+
     @app.exception_handler(CsrfRefused)
     def _csrf(request: Request, _exc: CsrfRefused) -> Response:
         message = "form refused: it did not carry this session's CSRF token (reload the page)"
@@ -188,6 +197,11 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
             return page(request, "login.html", session, None, 401, next=target, message=message)
+        owed = owed_factor(rt, found)
+        if owed is not None:  # not signed in yet: the second factor comes first
+            where = "/login/mfa" if owed == "verify" else "/mfa"
+            response = RedirectResponse(f"{where}?next={quote(target, safe='')}", status_code=303)
+            return set_session(response, request, new_session(token, owed))
         rt.identity.login(found, found.kind, time.time_ns())
         response = RedirectResponse(target, status_code=303)
         return set_session(response, request, new_session(token))  # a fresh CSRF token too
@@ -217,6 +231,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         return set_session(RedirectResponse("/login", status_code=303), request, new_session())
 
     add_sso_routes(app, rt, public, set_session, _safe_next)
+    add_mfa_routes(app, rt, public=public, decides=decides, page=page, form_of=form_of,
+                   session_of=session_of, set_session=set_session, safe_next=_safe_next)  # fmt: skip
 
     # --- pages -------------------------------------------------------------------------------
 
