@@ -120,6 +120,11 @@ def add_parser(commands) -> None:
     )
     token.add_argument("--note", default="", help="who or what the token is for")
     token.add_argument(
+        "--owner",
+        help="the person the token stands for (scim:<SCIM user id>, or a name): their second "
+        "factor guards its UI sign-ins, and SCIM deprovisioning revokes it",
+    )
+    token.add_argument(
         "--policies", metavar="DIR", help="the policy folder whose roles --role names"
     )
     token.set_defaults(handler=handle_token)
@@ -249,7 +254,13 @@ def handle_token(args: argparse.Namespace) -> int:
     store = open_store(args)
     minted = mint_token()
     store.add_token(
-        minted.token_id, args.tenant, args.role, minted.secret_hash, time.time_ns(), args.note
+        minted.token_id,
+        args.tenant,
+        args.role,
+        minted.secret_hash,
+        time.time_ns(),
+        args.note,
+        owner=args.owner or None,
     )
     store.db.dispose()
     print(minted.token)
