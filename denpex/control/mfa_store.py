@@ -10,13 +10,15 @@ and never spend a recovery code without recording it.
 
 from __future__ import annotations
 
+from base64 import urlsafe_b64decode, urlsafe_b64encode
+
 import sqlalchemy as sa
 
 from denpex.control import audit_log
 from denpex.control import schema as s
 from denpex.control.db import Database
 from denpex.control.secrets import SecretStore
-from denpex.enterprise import envelope, mfa
+from denpex.enterprise import envelope, mfa, webauthn_factor
 
 
 class MfaStore:
@@ -62,6 +64,17 @@ class MfaStore:
     # --- a person's factor ---------------------------------------------------------------------
 
     def confirmed(self, tenant: str, subject: str) -> bool:
+        """Whether `subject` has a second factor (a confirmed TOTP key or a security key)."""
+        t = s.mfa_totp
+        with self.db.tenant_tx(tenant) as conn:
+            row = conn.execute(
+                sa.select(t.c.confirmed_ns).where(t.c.tenant == tenant, t.c.subject == subject)
+            ).first()
+        return (row is not None and row.confirmed_ns is not None) or bool(
+            self.security_keys(tenant, subject)
+        )
+
+    def totp_confirmed(self, tenant: str, subject: str) -> bool:
         t = s.mfa_totp
         with self.db.tenant_tx(tenant) as conn:
             row = conn.execute(
@@ -69,11 +82,69 @@ class MfaStore:
             ).first()
         return row is not None and row.confirmed_ns is not None
 
+    # --- security keys (WebAuthn) --------------------------------------------------------------
+
+    def security_keys(self, tenant: str, subject: str) -> list[tuple[bytes, bytes, int]]:
+        """(credential id, COSE public key, signature counter) of each of `subject`'s keys."""
+        w = s.mfa_webauthn
+        with self.db.tenant_tx(tenant) as conn:
+            rows = conn.execute(
+                sa.select(w.c.credential_id, w.c.public_key, w.c.sign_count).where(
+                    w.c.tenant == tenant, w.c.subject == subject
+                )
+            ).all()
+        return [(_unb64(r.credential_id), _unb64(r.public_key), int(r.sign_count)) for r in rows]
+
+    def add_security_key(
+        self, tenant: str, subject: str, key: webauthn_factor.Registered, now_ns: int
+    ) -> None:
+        w = s.mfa_webauthn
+        with self.db.tenant_tx(tenant, write=True) as conn:
+            conn.execute(
+                w.insert().values(
+                    tenant=tenant,
+                    credential_id=_b64(key.credential_id),
+                    subject=subject,
+                    public_key=_b64(key.public_key),
+                    sign_count=key.sign_count,
+                    created_ns=now_ns,
+                )
+            )
+        with self.db.system_tx(write=True) as conn:
+            audit_log.append(
+                conn,
+                ts_ns=now_ns,
+                kind="mfa.enrolled",
+                actor=subject,
+                tenant=tenant,
+                subject=subject,
+                result={"factor": "webauthn", "credential": _b64(key.credential_id)[:16]},
+            )
+
+    def advance_security_key(
+        self, tenant: str, subject: str, credential_id: bytes, old: int, new: int
+    ) -> bool:
+        """Move the key's counter from `old` to `new`, once (a racing replica loses)."""
+        w = s.mfa_webauthn
+        with self.db.tenant_tx(tenant, write=True) as conn:
+            return bool(
+                conn.execute(
+                    w.update()
+                    .where(
+                        w.c.tenant == tenant,
+                        w.c.subject == subject,
+                        w.c.credential_id == _b64(credential_id),
+                        w.c.sign_count == old,
+                    )
+                    .values(sign_count=new)
+                ).rowcount
+            )
+
     def begin(self, tenant: str, subject: str, now_ns: int) -> str:
         """A fresh TOTP key for `subject` (replacing one not confirmed yet); MfaError when a
         confirmed one exists (an admin resets it, not the session)."""
-        if self.confirmed(tenant, subject):
-            raise mfa.MfaError("a second factor is enrolled already")
+        if self.totp_confirmed(tenant, subject):
+            raise mfa.MfaError("a TOTP factor is enrolled already")
         secret = mfa.new_totp_secret()
         sealed = envelope.seal(self.secrets.kms, secret.encode(), self._context(tenant, subject))
         t = s.mfa_totp
@@ -189,3 +260,11 @@ class MfaStore:
                 result={"left": left},
             )
         return "recovery"
+
+
+def _b64(data: bytes) -> str:
+    return urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return urlsafe_b64decode(text + "=" * (-len(text) % 4))

@@ -220,6 +220,7 @@ TENANT_TABLES = (
     "scim_members",
     "mfa_totp",
     "mfa_recovery",
+    "mfa_webauthn",
     "tenant_settings",
 )
 
@@ -357,6 +358,17 @@ mfa_recovery = sa.Table(
     sa.Column("subject", sa.Text, primary_key=True),
     sa.Column("code_hash", sa.Text, primary_key=True),
     sa.Column("used_ns", sa.BigInteger),
+)
+
+mfa_webauthn = sa.Table(
+    "mfa_webauthn",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("credential_id", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("sign_count", sa.BigInteger, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
 )
 
 tenant_settings = sa.Table(

@@ -211,6 +211,20 @@ class Matrix:
             ("POST", "/mfa/confirm"): lambda me, other: self.page(
                 me, "POST", "/mfa/confirm", ok(400), form={"code": "000000"}
             ),
+            # security keys (JSON, CSRF in a header): options for my session; the rest owe
+            # a challenge or a pending sign-in these sessions do not have
+            ("POST", "/mfa/webauthn/options"): lambda me, other: self.key_call(
+                me, "/mfa/webauthn/options", ok(200)
+            ),
+            ("POST", "/mfa/webauthn/register"): lambda me, other: self.key_call(
+                me, "/mfa/webauthn/register", ok(409)
+            ),
+            ("POST", "/login/webauthn/options"): lambda me, other: self.key_call(
+                me, "/login/webauthn/options", ok(409)
+            ),
+            ("POST", "/login/webauthn"): lambda me, other: self.key_call(
+                me, "/login/webauthn", ok(409)
+            ),
             # SCIM provisioning: a provisioner token's own tenant only
             ("GET", "/scim/v2/ServiceProviderConfig"): lambda me, other: (
                 "viewer",
@@ -398,6 +412,12 @@ class Matrix:
         if method == "POST":
             kwargs["data"] = {"csrf": csrf, **(form or {})}
         return (role, method, path, kwargs, expect)
+
+    def key_call(self, me: Side, path: str, expect: Callable[[httpx.Response], bool]) -> Request:
+        cookie, csrf = me.sessions["viewer"]
+        headers = {"Cookie": f"{COOKIE}={cookie}", "X-Denpex-CSRF": csrf,
+                   "Content-Type": "application/json"}  # fmt: skip
+        return ("viewer", "POST", path, {"headers": headers, "content": b"{}"}, expect)
 
     def incident_page(self, me: Side, other: Side) -> Request:
         incident, probe = self.pick(me, other, "incidents")

@@ -72,8 +72,9 @@ def add_mfa_routes(
 
     @app.get("/login/mfa", include_in_schema=False)
     def mfa_form(request: Request, _: Annotated[None, public], next: str = "/") -> Response:
-        session, _found = owing(request)
-        return page(request, "mfa_code.html", session, None, next=safe_next(next))
+        session, found = owing(request)
+        keys = len(rt.mfa.security_keys(found.tenant, mfa_subject(rt, found)))
+        return page(request, "mfa_code.html", session, None, next=safe_next(next), keys=keys)
 
     @app.post("/login/mfa", include_in_schema=False)
     async def mfa_verify(request: Request, _: Annotated[None, public]) -> Response:
@@ -93,8 +94,10 @@ def add_mfa_routes(
 
     def enrolment(request: Request, who: Principal, code: int = 200, **context: Any) -> Response:
         session = request.state.session
-        enrolled = rt.mfa.confirmed(who.tenant, mfa_subject(rt, who))
-        return page(request, "mfa.html", session, who, code, enrolled=enrolled,
+        subject = mfa_subject(rt, who)
+        enrolled = rt.mfa.totp_confirmed(who.tenant, subject)
+        keys = len(rt.mfa.security_keys(who.tenant, subject))
+        return page(request, "mfa.html", session, who, code, enrolled=enrolled, keys=keys,
                     owed=session.mfa == "enrol", **context)  # fmt: skip
 
     @app.get("/mfa", include_in_schema=False)

@@ -42,6 +42,7 @@ from denpex.control.ui.session import (
 from denpex.control.ui.sso_routes import add_sso_routes
 from denpex.control.ui.views import fleet as fleet_view
 from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
+from denpex.control.ui.webauthn_routes import add_webauthn_routes
 from denpex.enterprise import AuthError, Principal, authenticate
 from denpex.enterprise.oidc import looks_like_jwt
 from denpex.lite.report_html import timeline_svg
@@ -233,6 +234,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
     add_sso_routes(app, rt, public, set_session, _safe_next)
     add_mfa_routes(app, rt, public=public, decides=decides, page=page, form_of=form_of,
                    session_of=session_of, set_session=set_session, safe_next=_safe_next)  # fmt: skip
+    add_webauthn_routes(app, rt, public=public, decides=decides, session_of=session_of,
+                        set_session=set_session, safe_next=_safe_next)  # fmt: skip
 
     # --- pages -------------------------------------------------------------------------------
 

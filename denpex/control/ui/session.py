@@ -60,6 +60,7 @@ class Session:
     csrf: str
     token: str | None = None  # None: a visitor who has not logged in yet
     mfa: str | None = None  # "verify" or "enrol": the token is good, its second factor owed
+    challenge: str | None = None  # the WebAuthn challenge this session was given (base64url)
 
 
 class SessionCodec:
@@ -81,7 +82,9 @@ class SessionCodec:
             return self._fernet
 
     def seal(self, session: Session) -> str:
-        body = jsonio.dumps({"c": session.csrf, "t": session.token, "m": session.mfa})
+        body = jsonio.dumps(
+            {"c": session.csrf, "t": session.token, "m": session.mfa, "w": session.challenge}
+        )
         return self._key().encrypt(body).decode()
 
     def open(self, cookie: str | None) -> Session | None:
@@ -94,11 +97,12 @@ class SessionCodec:
             return None
         if not isinstance(raw, dict) or not isinstance(raw.get("c"), str):
             return None
-        token, owed = raw.get("t"), raw.get("m")
+        token, owed, challenge = raw.get("t"), raw.get("m"), raw.get("w")
         return Session(
             raw["c"],
             token if isinstance(token, str) else None,
             owed if owed in ("verify", "enrol") else None,
+            challenge if isinstance(challenge, str) else None,
         )
 
 

@@ -1,6 +1,6 @@
 """Enterprise identity: token owners and expiry (SSO sessions, deprovisioning), the SAML
 service provider's ledger of request and assertion ids (InResponseTo and replay, shared by
-every replica), SCIM users, groups and memberships, TOTP enrolments with hashed recovery codes,
+every replica), SCIM users, groups and memberships, TOTP enrolments with hashed recovery codes, WebAuthn credentials,
 and per-tenant identity settings (MFA required). The SCIM, MFA and settings tables are tenant
 tables: in PostgreSQL row-level security (ENABLE + FORCE) on `denpex.tenant`; the SAML ledger
 is a system table.
@@ -21,7 +21,7 @@ depends_on = None
 
 TENANT_ROLE = "denpex_tenant"
 TENANT_TABLES = ("scim_users", "scim_groups", "scim_members", "mfa_totp", "mfa_recovery",
-                 "tenant_settings")  # fmt: skip
+                 "mfa_webauthn", "tenant_settings")  # fmt: skip
 
 
 def upgrade() -> None:
@@ -87,6 +87,16 @@ def upgrade() -> None:
         sa.Column("code_hash", sa.Text, nullable=False),
         sa.Column("used_ns", sa.BigInteger),
         sa.PrimaryKeyConstraint("tenant", "subject", "code_hash"),
+    )
+    op.create_table(
+        "mfa_webauthn",
+        sa.Column("tenant", sa.Text, nullable=False),
+        sa.Column("credential_id", sa.Text, nullable=False),  # base64url
+        sa.Column("subject", sa.Text, nullable=False),
+        sa.Column("public_key", sa.Text, nullable=False),  # COSE, base64url
+        sa.Column("sign_count", sa.BigInteger, nullable=False),
+        sa.Column("created_ns", sa.BigInteger, nullable=False),
+        sa.PrimaryKeyConstraint("tenant", "credential_id"),
     )
     op.create_table(
         "tenant_settings",
