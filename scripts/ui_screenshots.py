@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Screenshots of the control plane's web UI for the README: starts a real `denpex server` on
-loopback (SQLite in a temporary folder), seeds it through its ingest API with the browser
-tests' fleet (tests/control/ui/seed.py), and writes one PNG per page, light and dark at
-1280×800 and light at phone width, with Debian's chromium driven by Playwright.
+"""Screenshots of the control plane's web UI for the README: serves the control plane on
+loopback (SQLite in a temporary folder; the browser tests' in-process server, whose leader
+runs remediation plans on the tests' site backend and reads their site topology), seeds it
+through its ingest API with the browser tests' fleet (tests/control/ui/seed.py and plans.py),
+and writes one PNG per page, light and dark at 1280×800 and light at phone width, with
+Debian's chromium driven by Playwright.
 
     python scripts/ui_screenshots.py docs/screenshots/
 
@@ -21,8 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from playwright.sync_api import sync_playwright
 
-from tests.control.conftest import ServerProcess, mint
+from tests.control.conftest import mint
+from tests.control.ui.live import LiveServer
+from tests.control.ui.plans import POLICY, SiteBackend, remediation_jobs, topology
 from tests.control.ui.seed import seed
+from tests.control.ui.test_ui_actions_browser import call
 
 SIZES = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
 
@@ -34,6 +39,8 @@ def pages(incidents: dict[str, int]) -> dict[str, str]:
         "evidence": "/evidence/r-llama-0142/e1",
         "jobs": "/jobs",
         "host": "/hosts/gpu-a07",
+        "actions": "/actions",
+        "audit": "/audit",
         "login": "/login",
     }
 
@@ -54,9 +61,14 @@ def main(argv: list[str] | None = None) -> int:
             "acme_viewer": mint(url, "acme", "viewer"),
             "globex": mint(url, "globex", "operator"),
         }
-        server = ServerProcess(url, Path(tmp) / "server.log").start()
+        admin = mint(url, "acme", "admin")
+        server = LiveServer(url, backend=SiteBackend(), topology=topology()).start()
         try:
+            call(server.base, "PUT", "/api/v1/remediation/policy", admin, POLICY)
             fleet = seed(server.base, tokens)
+            for report in remediation_jobs():
+                call(server.base, "POST", "/api/v1/reports", tokens["acme"], report)
+            wait_for_plans(server.base, admin)
             shots = [
                 ("light", "desktop"),
                 ("dark", "desktop"),
@@ -77,12 +89,12 @@ def main(argv: list[str] | None = None) -> int:
                     page.goto("/login")
                     if size == "desktop" and scheme == "light":
                         page.screenshot(path=str(args.out / "login-light.png"))
-                    page.fill("#token", fleet.acme_token)
+                    page.fill("#token", admin)
                     page.click("button[type=submit]")
                     page.wait_for_url("**/")
                     for name, path in pages(fleet.incidents).items():
                         if name == "login" or (
-                            size == "phone" and name not in ("fleet", "incident")
+                            size == "phone" and name not in ("fleet", "incident", "actions")
                         ):
                             continue
                         page.goto(path)
@@ -96,6 +108,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     return 0
+
+
+def wait_for_plans(base: str, token: str, timeout_s: float = 60.0) -> None:
+    """Until the leader has proposed and run the seeded plans (one waits, one is done, one
+    failed)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        items = call(base, "GET", "/api/v1/remediation/plans", token)["items"]
+        if {"waiting", "done", "failed"} <= {p["status"] for p in items}:
+            return
+        time.sleep(0.3)
+    raise SystemExit("ui_screenshots: the leader did not run the seeded plans in time")
 
 
 if __name__ == "__main__":

@@ -160,8 +160,13 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
 
 def _server_settings(server: dict[str, Any], otlp: dict[str, Any]) -> list[str]:
     """`server: {url, token_file}`: the control plane as the OTLP endpoint, with its bearer
-    token in the headers (read now, so SIGHUP picks up a rotated token)."""
+    token in the headers (read now, so SIGHUP picks up a rotated token); or
+    `server: {jetstream: {servers: [nats://…]}, token_file}`: evidence published to the
+    control plane's JetStream stream instead, each message signed with that token."""
     url, token_file = server.get("url"), server.get("token_file")
+    jetstream = server.get("jetstream")
+    if jetstream is not None:
+        return _jetstream_settings(jetstream, url, token_file, otlp)
     if url is None:
         return ["server.token_file: set server.url too"] if token_file else []
     if not str(url).startswith(("http://", "https://")):
@@ -170,15 +175,43 @@ def _server_settings(server: dict[str, Any], otlp: dict[str, Any]) -> list[str]:
         return ["server.url and otlp.endpoint: set one of them (both are where evidence goes)"]
     headers = dict(otlp.get("headers") or {})
     if token_file is not None:
-        try:
-            token = Path(str(token_file)).read_text().strip()
-        except OSError as exc:
-            return [f"server.token_file: cannot read {token_file}: {exc.strerror}"]
-        if not token:
-            return [f"server.token_file: {token_file} is empty"]
+        token, problem = _read_token(token_file)
+        if problem:
+            return [problem]
         headers["Authorization"] = f"Bearer {token}"
     otlp["endpoint"] = str(url).rstrip("/")
     otlp["headers"] = headers
+    return []
+
+
+def _read_token(token_file: Any) -> tuple[str, str]:
+    """(token, "") or ("", the problem)."""
+    try:
+        token = Path(str(token_file)).read_text().strip()
+    except OSError as exc:
+        return "", f"server.token_file: cannot read {token_file}: {exc.strerror}"
+    if not token:
+        return "", f"server.token_file: {token_file} is empty"
+    return token, ""
+
+
+def _jetstream_settings(
+    jetstream: Any, url: Any, token_file: Any, otlp: dict[str, Any]
+) -> list[str]:
+    servers = jetstream.get("servers") if isinstance(jetstream, dict) else None
+    if not isinstance(servers, list) or not servers:
+        return ["server.jetstream.servers: a list of nats:// URLs"]
+    if not all(isinstance(u, str) and u.startswith(("nats://", "tls://")) for u in servers):
+        return ["server.jetstream.servers: a list of nats:// URLs"]
+    if url is not None or otlp.get("endpoint"):
+        return ["server.jetstream: set it instead of server.url and otlp.endpoint"]
+    if token_file is None:
+        return ["server.jetstream: needs server.token_file (every message is signed with it)"]
+    token, problem = _read_token(token_file)
+    if problem:
+        return [problem]
+    otlp["endpoint"] = ",".join(servers)
+    otlp["jetstream"] = {"servers": list(servers), "token": token}
     return []
 
 

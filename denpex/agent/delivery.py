@@ -1,5 +1,5 @@
 """The agent's evidence delivery, built from its configuration: the disk spool, its
-dead-letter segment, the OTLP shipper, and the handoff that acknowledges each collector's
+dead-letter segment, the shipper (to an OTLP/HTTP endpoint or the JetStream stream), and the handoff that acknowledges each collector's
 poll once its evidence is in the spool; with their self-metrics and their word in /healthz.
 
 It never hides a failure: a spool that cannot write turns /healthz degraded, and every
@@ -15,7 +15,7 @@ from denpex.agent.config import AgentConfig
 from denpex.agent.dead_letter import dead_letter_dir, requeue_into
 from denpex.agent.exposition import SelfMetric
 from denpex.agent.handoff import Handoff
-from denpex.agent.shipper import Shipper
+from denpex.agent.shipper import Exporter, Shipper
 from denpex.agent.spool import Spool
 
 DEAD_LETTER_SHARE = 4  # the dead-letter segment may hold a quarter of the spool's bound
@@ -53,12 +53,24 @@ class Delivery:
             max_age_s=float(settings["max_age_s"]),
             fsync=str(settings["fsync"]),
         )
-        exporter = OtlpHttpExporter(
-            str(otlp["endpoint"]),
-            protocol=str(otlp["protocol"]),
-            headers={str(k): str(v) for k, v in (otlp.get("headers") or {}).items()},
-            timeout_s=float(otlp["timeout_s"]),
-        )
+        exporter: Exporter
+        if otlp.get("jetstream"):
+            from denpex.agent.jetstream import JetStreamExporter
+
+            jetstream = otlp["jetstream"]
+            exporter = JetStreamExporter(
+                jetstream["servers"],
+                jetstream["token"],
+                timeout_s=float(otlp["timeout_s"]),
+                name=f"denpex-agent {config.host}",
+            )
+        else:
+            exporter = OtlpHttpExporter(
+                str(otlp["endpoint"]),
+                protocol=str(otlp["protocol"]),
+                headers={str(k): str(v) for k, v in (otlp.get("headers") or {}).items()},
+                timeout_s=float(otlp["timeout_s"]),
+            )
         return cls(spool, dead, Shipper(spool, exporter, helps=helps, dead_letter=dead))
 
     def start(self) -> None:
@@ -67,6 +79,9 @@ class Delivery:
     def stop(self, timeout_s: float = 5.0) -> None:
         self.handoff.flush()
         self.shipper.stop(timeout=timeout_s)
+        close = getattr(self.shipper.exporter, "close", None)
+        if close is not None:  # the JetStream exporter's connection and loop thread
+            close()
         self.spool.close()
         self.dead_letter.close()
 

@@ -114,12 +114,8 @@ def _lines(args: argparse.Namespace) -> Iterable[bytes]:
     if not args.db:
         raise UsageError("give an export file or --db URL")
     from denpex.control import audit_log
-    from denpex.core import audit
 
-    db = open_store(args).db
-    lines = list(audit_log.export_lines(db))
-    head = audit.head_of(audit.loads_record(lines[-1])) if lines else audit.EMPTY
-    return [*lines, audit.anchor_line(head, None)]
+    return audit_log.store_lines(open_store(args).db)
 
 
 def handle_verify(args: argparse.Namespace) -> int:

@@ -102,6 +102,33 @@ def add_parser(commands) -> None:
         help="replay recorded or simulated fleet history: no correlation loop of its own, an "
         "admin's POST /api/v1/replay/tick?now_ns=… runs each pass at the replayed time",
     )
+    parser.add_argument(
+        "--jetstream",
+        metavar="URLS",
+        help="also ingest evidence from the NATS JetStream stream at these comma-separated "
+        "nats:// URLs (agents with server.jetstream publish there); every replica pulls from "
+        "one durable consumer; the stream is created when missing",
+    )
+    parser.add_argument(
+        "--jetstream-replicas",
+        metavar="N",
+        type=int,
+        default=3,
+        help="replicas of the ingest stream when this server creates it (default 3)",
+    )
+    parser.add_argument(
+        "--region",
+        metavar="NAME",
+        help="be the authority for this region's hosts (needs --regions): a tenant not resident "
+        "here, or a host of another region, is refused at ingest and audited; in PostgreSQL "
+        "the region's incidents and audit log are published for the global read view",
+    )
+    parser.add_argument(
+        "--regions",
+        metavar="FILE",
+        help="the regions file (YAML): each region's host patterns, each tenant's residency, "
+        "where the global view is (see denpex/control/residency.py)",
+    )
     _kms_option(parser)
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
@@ -139,6 +166,23 @@ def add_parser(commands) -> None:
     db_option(rotate)
     _kms_option(rotate)
     rotate.set_defaults(handler=handle_rotate)
+    view = sub.add_parser(
+        "global-view",
+        help="set up or read the global read view (incidents and audit of every region)",
+        description="On the global site's PostgreSQL (as a superuser): create the global "
+        "tables and subscribe to each region's publication; or list what has arrived.",
+    )
+    db_option(view)
+    view.add_argument(
+        "--subscribe",
+        metavar="REGION=CONNINFO",
+        action="append",
+        default=[],
+        help="subscribe to a region's server database (a role with REPLICATION there)",
+    )
+    view.add_argument("--list", choices=("incidents", "audit", "status"), help="print as JSON")
+    view.add_argument("--tenant", help="with --list: only this tenant's rows")
+    view.set_defaults(handler=handle_global_view)
 
 
 def _bundled_roles() -> tuple[str, ...]:
@@ -192,12 +236,70 @@ def handle(args: argparse.Namespace) -> int:
         else None,
         topology=_topology(args.topology),
         replay=args.replay,
+        jetstream=_jetstream(args.jetstream),
+        jetstream_replicas=args.jetstream_replicas,
+        residency=_residency(args.region, args.regions),
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
     except (StoreError, PolicyError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _residency(region: str | None, path: str | None):
+    from denpex.control.residency import load_residency
+
+    if region is None and path is None:
+        return None
+    if region is None or path is None:
+        raise UsageError("--region and --regions go together")
+    try:
+        return load_residency(region, path)
+    except OSError as exc:
+        raise UsageError(f"--regions {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--regions {path}: {exc}") from None
+
+
+def handle_global_view(args: argparse.Namespace) -> int:
+    import json
+
+    from denpex.control.global_view import GlobalView
+
+    try:
+        view = GlobalView(db_url(args))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        view.prepare()
+        for item in args.subscribe:
+            region, sep, conninfo = item.partition("=")
+            if not sep or not conninfo:
+                raise UsageError(f"--subscribe {item!r}: REGION=CONNINFO")
+            view.subscribe(region, conninfo)
+            print(f"denpex server global-view: subscribed to region {region}", file=sys.stderr)
+        if args.list == "status":
+            print(json.dumps(view.status(), default=str, indent=2))
+        elif args.list is not None:
+            rows = getattr(view, args.list)(tenant=args.tenant, limit=1000)
+            print(json.dumps(rows, default=str, indent=2))
+    finally:
+        view.dispose()
+    return 0
+
+
+def _jetstream(value: str | None) -> tuple[str, ...]:
+    if not value:
+        return ()
+    urls = tuple(u.strip() for u in value.split(",") if u.strip())
+    if not all(u.startswith(("nats://", "tls://")) for u in urls):
+        raise UsageError(f"--jetstream {value!r}: comma-separated nats:// URLs")
+    try:
+        import nats  # noqa: F401
+    except ImportError:
+        raise UsageError("--jetstream needs nats-py: pip install 'denpex[server]'") from None
+    return urls
 
 
 def _oidc(args: argparse.Namespace):

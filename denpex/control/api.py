@@ -13,6 +13,8 @@ table: a route without a Decides fails. It must never answer a malformed payload
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import hashlib
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Path, Query, Request
@@ -32,6 +34,7 @@ from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
 from denpex.control.remediation_api import add_routes as add_remediation_routes
+from denpex.control.residency import Residency, audit_refusal
 from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
@@ -64,6 +67,7 @@ class Runtime(Protocol):
     denials: DenialStore
     oidc: OidcVerifier | None
     secrets: SecretStore
+    residency: Residency | None
 
     def wake_leader(self) -> None: ...
 
@@ -130,7 +134,10 @@ def create_app(rt: Runtime) -> FastAPI:
     ) -> Response:
         fmt, data = await _otlp_body(request)
         now = time.time_ns()
-        batch = ingest.decode_logs(data, fmt, tenant=who.tenant, received_ns=now)
+        async with _audited(rt, who, "/v1/logs"):
+            batch = ingest.decode_logs(data, fmt, tenant=who.tenant, received_ns=now)
+            if rt.residency is not None:
+                rt.residency.check_batch(who.tenant, batch)
         _admit(rt, who.tenant, len(batch.rows))
         stored = await run_in_threadpool(rt.store.scoped(who).add_evidence, batch)
         rt.metrics.ingested.labels(who.tenant, "evidence").inc(stored)
@@ -142,7 +149,10 @@ def create_app(rt: Runtime) -> FastAPI:
         request: Request, who: Annotated[Principal, Depends(principal("evidence:write"))]
     ) -> Response:
         fmt, data = await _otlp_body(request)
-        rows = ingest.decode_metrics(data, fmt, tenant=who.tenant)
+        async with _audited(rt, who, "/v1/metrics"):
+            rows = ingest.decode_metrics(data, fmt, tenant=who.tenant)
+            if rt.residency is not None:
+                rt.residency.check_metrics(who.tenant, rows)
         _admit(rt, who.tenant, len(rows))
         stored = await run_in_threadpool(rt.store.scoped(who).add_metrics, rows)
         rt.metrics.ingested.labels(who.tenant, "metric").inc(stored)
@@ -161,7 +171,10 @@ def create_app(rt: Runtime) -> FastAPI:
             raise ingest.IngestError(415, "a report is application/json")
         data = ingest.body_bytes(await request.body(), request.headers.get("content-encoding"))
         now = time.time_ns()
-        report = ingest.decode_report(data, tenant=who.tenant, received_ns=now)
+        async with _audited(rt, who, "/api/v1/reports"):
+            report = ingest.decode_report(data, tenant=who.tenant, received_ns=now)
+            if rt.residency is not None:
+                rt.residency.check_report(who.tenant, report)
         _admit(rt, who.tenant, 1 + len(report.evidence.rows))
         new = await run_in_threadpool(rt.store.scoped(who).add_report, report, now)
         rt.metrics.ingested.labels(who.tenant, "report").inc(int(new))
@@ -415,6 +428,17 @@ def create_app(rt: Runtime) -> FastAPI:
 
 def _who(principal: Principal) -> str:
     return principal.label
+
+
+@asynccontextmanager
+async def _audited(rt: Runtime, who: Principal, what: str) -> AsyncIterator[None]:
+    """A payload refused as another tenant's or region's (403) goes to the audit log."""
+    try:
+        yield
+    except ingest.IngestError as exc:
+        if exc.status == 403:
+            await run_in_threadpool(audit_refusal, rt.db, who, what, exc.status, exc.message)
+        raise
 
 
 def _admit(rt: Runtime, tenant: str, records: int) -> None:

@@ -86,3 +86,39 @@ def export_lines(db: Database) -> Iterator[bytes]:
 def current_head(db: Database) -> audit.Head:
     with db.system_tx() as conn:
         return head(conn)
+
+
+def store_lines(db: Database) -> list[bytes]:
+    """The whole chain as `denpex audit verify --db` reads it: every record, then an anchor
+    naming the last one (the store itself is the anchor's source, so only the records are
+    checked, and a cut tail is not detectable this way: keep an anchor apart for that)."""
+    lines = list(export_lines(db))
+    try:
+        last = audit.head_of(audit.loads_record(lines[-1])) if lines else audit.EMPTY
+    except (ValueError, KeyError, TypeError):
+        last = audit.EMPTY  # the last line is damaged: verification names it before the anchor
+    return [*lines, audit.anchor_line(last, None)]
+
+
+def verify_store(db: Database) -> audit.Verdict:
+    """`denpex audit verify --db`'s check of the chain in the store."""
+    return audit.verify_lines(store_lines(db))
+
+
+def tenant_records(db: Database, tenant: str, limit: int = 100) -> list[dict[str, Any]]:
+    """The newest `limit` records of one tenant, newest first, each as stored (a line that no
+    longer parses is returned as {"seq", "damaged": True}: the page says so, never hides it)."""
+    with db.system_tx() as conn:
+        rows = conn.execute(
+            sa.select(s.audit.c.seq, s.audit.c.line)
+            .where(s.audit.c.tenant == tenant)
+            .order_by(s.audit.c.seq.desc())
+            .limit(limit)
+        ).all()
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        try:
+            out.append(audit.loads_record(row.line.encode()))
+        except ValueError:
+            out.append({"seq": int(row.seq), "damaged": True})
+    return out

@@ -30,7 +30,7 @@ tokens = sa.Table(
     sa.Column("created_ns", sa.BigInteger, nullable=False),
     sa.Column("revoked_ns", sa.BigInteger),
     sa.Column("note", sa.Text, nullable=False, server_default=""),
-    sa.Column("owner", sa.Text),  # the person it stands for (saml:<name id>, scim:<id>): 0008
+    sa.Column("owner", sa.Text),  # the person it stands for (saml:<name id>, scim:<id>): 0009
     sa.Column("expires_ns", sa.BigInteger),  # None: until revoked (an SSO session's: its end)
 )
 
@@ -140,6 +140,7 @@ incidents = sa.Table(
     sa.Column("rules", sa.Text, nullable=False, server_default="[]"),  # JSON: every rule fired
     sa.Column("action", sa.Text, nullable=False, server_default="none"),  # §7 action proposed
     sa.Column("score", sa.Float, nullable=False, server_default="0"),  # what confidence calibrates
+    sa.Column("region", sa.Text, nullable=False, server_default=""),  # 0008: who wrote it
 )
 
 incident_vectors = sa.Table(  # one embedding per incident and model, for retrieval
@@ -236,6 +237,7 @@ audit = sa.Table(
     sa.Column("kind", sa.Text, nullable=False),
     sa.Column("hash", sa.Text, nullable=False),
     sa.Column("line", sa.Text, nullable=False),
+    sa.Column("region", sa.Text, nullable=False, server_default=""),  # 0008: who wrote it
 )
 
 remediation_plans = sa.Table(
@@ -292,7 +294,7 @@ remediation_guards = sa.Table(
 )
 
 
-# --- enterprise identity (migration 0008): the SAML ledger is a system table; SCIM, MFA and
+# --- enterprise identity (migration 0009): the SAML ledger is a system table; SCIM, MFA and
 # the tenant's identity settings are tenant tables (row-level security in PostgreSQL) ----------
 
 saml_ids = sa.Table(  # AuthnRequest ids (InResponseTo) and assertion ids seen (replay)

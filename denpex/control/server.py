@@ -1,6 +1,6 @@
 """`denpex server` at run time: the Runtime (store, token cache, quotas, leadership, self-
 metrics), the leader loop thread (correlation — per job and the fleet rules —, retention,
-partitions) and uvicorn.
+partitions), the JetStream ingest consumer when `--jetstream` is given, and uvicorn.
 
 Replicas share nothing but the database: any replica ingests and answers; the loop's work
 happens only on the leader and only behind its epoch fence. It must never keep acting as
@@ -20,18 +20,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from denpex.control.bus_ingest import BusIngest, BusOptions
 from denpex.control.correlation import correlate_tenant
 from denpex.control.db import Database
 from denpex.control.denials import DenialStore
 from denpex.control.fleet import FleetConfig, load_fleet_rules
 from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
+from denpex.control.global_view import publish
 from denpex.control.identity_audit import IdentityAudit
+from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
 from denpex.control.mfa_store import MfaStore
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
+from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
@@ -40,6 +44,7 @@ from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import (
     OidcConfig,
     OidcVerifier,
+    Principal,
     TokenDirectory,
     TokenRecord,
     load_policies,
@@ -71,6 +76,10 @@ class ServerOptions:
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
+    jetstream: tuple[str, ...] = ()  # nats:// URLs: also consume the ingest stream
+    jetstream_replicas: int = 3
+    jetstream_ack_wait_s: float = 30.0
+    residency: Residency | None = None  # --region: this region's hosts and resident tenants
 
 
 def kms_url(url: str | None) -> str:
@@ -142,6 +151,20 @@ class Runtime:
             options.loop_interval_s,
         )
 
+        self.residency = options.residency
+        if self.residency is not None:
+            claim_region(self.db, self.residency.region)
+            if self.db.postgres:
+                publish(self.db, self.residency)
+        self.bus: BusIngest | None = None
+        if options.jetstream:
+            bus_options = BusOptions(
+                options.jetstream,
+                replicas=options.jetstream_replicas,
+                ack_wait_s=options.jetstream_ack_wait_s,
+            )
+            self.bus = BusIngest(bus_options, self, self.admit_bus)
+
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
@@ -154,6 +177,16 @@ class Runtime:
                 found.extend(config.mappings)
         return found
 
+    def admit_bus(
+        self, who: Principal, batch: LogBatch | None, rows: list[tuple[Any, ...]] | None
+    ) -> None:
+        """The region's residency check of a bus message (IngestError 403 when refused)."""
+        if self.residency is not None:
+            if batch is not None:
+                self.residency.check_batch(who.tenant, batch)
+            if rows is not None:
+                self.residency.check_metrics(who.tenant, rows)
+
     def _leading_fence(self) -> Fence | None:
         state = self.leadership.state
         return self.leadership.fence if state.leader else None
@@ -161,6 +194,8 @@ class Runtime:
     # --- the leader loop -------------------------------------------------------------------
 
     def start_loop(self) -> None:
+        if self.bus is not None:
+            self.bus.start()
         if self.options.replay:
             return  # passes come from replay_tick
         self._thread = threading.Thread(target=self._loop, name="denpex-leader", daemon=True)
@@ -168,6 +203,8 @@ class Runtime:
         self.remediation.start()
 
     def stop_loop(self, timeout: float = 10.0) -> None:
+        if self.bus is not None:
+            self.bus.stop(timeout)
         self.remediation.stop(timeout)
         self._stop.set()
         self._wake.set()

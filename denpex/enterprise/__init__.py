@@ -13,6 +13,7 @@ from denpex.enterprise.auth import (
     TokenDirectory,
     TokenRecord,
     authenticate,
+    authenticate_bus_message,
     is_authentic,
 )
 from denpex.enterprise.authz import (
@@ -59,6 +60,7 @@ __all__ = [
     "TokenDirectory",
     "TokenRecord",
     "authenticate",
+    "authenticate_bus_message",
     "authorize",
     "bundled_roles",
     "decide",

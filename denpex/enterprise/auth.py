@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from denpex.core import bus
 from denpex.enterprise.oidc import OidcError, OidcVerifier, looks_like_jwt
 from denpex.enterprise.tokens import parse_token, secret_matches
 
@@ -101,6 +102,29 @@ def authenticate(
         raise AuthError(401, "invalid bearer token")
     if record.expires_ns is not None and record.expires_ns <= time.time_ns():
         raise AuthError(401, "invalid bearer token")
+    return Principal(record.tenant, record.role, record.token_id, _SEAL)
+
+
+def authenticate_bus_message(
+    subject: str, headers: Mapping[str, str], payload: bytes, directory: TokenDirectory
+) -> Principal:
+    """The Principal of an ingest-bus message (denpex.core.bus): the token its subject names,
+    when its signature verifies against that token's stored hash; else AuthError 401."""
+    try:
+        token_id, _kind = bus.parse_subject(subject)
+    except bus.BusError:
+        raise AuthError(401, "unsigned or badly addressed bus message") from None
+    msg_id, signature = headers.get(bus.MSG_ID) or "", headers.get(bus.SIGNATURE) or ""
+    record = directory.find_token(token_id)
+    if (
+        record is None
+        or record.revoked
+        or not msg_id
+        or not bus.signature_matches(record.secret_hash, subject, msg_id, payload, signature)
+    ):
+        raise AuthError(401, "bus message signature does not verify")
+    if not record.tenant or not record.role:
+        raise AuthError(401, "bus message signature does not verify")
     return Principal(record.tenant, record.role, record.token_id, _SEAL)
 
 

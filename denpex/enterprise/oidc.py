@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
 import threading
 import time
 import urllib.error
@@ -113,6 +114,12 @@ class OidcConfig:
     login_client_id: str | None = None
     login_scopes: tuple[str, ...] = ("openid", "groups")
     login_resource: str | None = None
+    # the web UI's "Sign in with <web_name>" (authorization code + PKCE, a confidential client
+    # when it has a secret); its session carries the ID token, so web_client_id is an audience
+    web_client_id: str | None = None
+    web_client_secret: str | None = field(default=None, repr=False)
+    web_name: str = "single sign-on"
+    web_scopes: tuple[str, ...] = ("openid", "groups")
 
     def rules_by_tenant(self) -> dict[str, list[dict[str, str]]]:
         """The mapping rules per tenant, as the audit records them."""
@@ -143,6 +150,21 @@ class OidcConfig:
             raise OidcConfigError(f"{where}: missing or malformed {exc}") from None
         if not audiences:
             raise OidcConfigError(f"{where}: audiences: name at least one")
+        web = raw.get("web") or {}
+        web_client = str(web["client_id"]) if web.get("client_id") else None
+        if web_client is not None and web_client not in audiences:
+            raise OidcConfigError(
+                f"{where}: web.client_id {web_client!r} must be one of the audiences: the UI's "
+                "session carries the provider's ID token, whose audience is that client"
+            )
+        secret = web.get("client_secret")
+        if web.get("client_secret_env"):
+            secret = os.environ.get(str(web["client_secret_env"]))
+            if not secret:
+                raise OidcConfigError(
+                    f"{where}: web.client_secret_env names {web['client_secret_env']}, "
+                    "which is not set"
+                )
         return cls(
             issuer=issuer,
             audiences=audiences,
@@ -155,6 +177,10 @@ class OidcConfig:
             login_client_id=str(login["client_id"]) if login.get("client_id") else None,
             login_scopes=tuple(str(s) for s in login.get("scopes") or ("openid", "groups")),
             login_resource=str(login["resource"]) if login.get("resource") else None,
+            web_client_id=web_client,
+            web_client_secret=str(secret) if secret else None,
+            web_name=str(web.get("name") or "single sign-on"),
+            web_scopes=tuple(str(s) for s in web.get("scopes") or ("openid", "groups")),
         )
 
 

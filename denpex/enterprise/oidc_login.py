@@ -133,9 +133,20 @@ def login(
 
 
 def _post_form(url: str, form: dict[str, str]) -> dict[str, Any]:
+    return token_request(url, form)
+
+
+def token_request(
+    url: str, form: dict[str, str], basic_auth: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """POST a form to the provider's token endpoint (HTTP Basic client authentication when
+    `basic_auth` is given, RFC 6749 §2.3.1); its JSON answer, else OidcError."""
     data = urllib.parse.urlencode(form).encode()
     request = urllib.request.Request(url, data=data, method="POST")
     request.add_header("Content-Type", "application/x-www-form-urlencoded")
+    if basic_auth is not None:
+        quoted = ":".join(urllib.parse.quote(part, safe="") for part in basic_auth)
+        request.add_header("Authorization", "Basic " + base64.b64encode(quoted.encode()).decode())
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return dict(json.loads(reply.read()))

@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 class PgCluster:
-    def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
+    def __init__(self, bindir: Path, *, fsync: bool = False, settings: str = "") -> None:
         self.bindir = bindir
         self.root = Path(tempfile.mkdtemp(prefix="denpex-pg-"))
         self.data = self.root / "data"
@@ -49,20 +49,29 @@ class PgCluster:
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
             f"-c fsync={'on' if fsync else 'off'} -c synchronous_commit=off "
-            "-c max_connections=200 -c shared_buffers=256MB"
+            f"-c max_connections=200 -c shared_buffers=256MB {settings}"
         )
+        self._options = options
+        self.resume()
+        self.admin(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
+
+    def resume(self) -> None:
+        """Start the server (again, after `pause`), on the same port and data."""
         self._run(
             "pg_ctl",
             "-D",
             str(self.data),
             "-o",
-            options,
+            self._options,
             "-l",
             str(self.root / "log"),
             "-w",
             "start",
         )
-        self.admin(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (`resume` brings it back)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
 
     def _run(self, tool: str, *args: str) -> None:
         subprocess.run(

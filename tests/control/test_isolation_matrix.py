@@ -162,6 +162,11 @@ class Matrix:
                 me, "POST", "/login", ok(303), form={"token": me.tokens["viewer"], "next": "/"}
             ),
             ("POST", "/logout"): lambda me, other: self.page(me, "POST", "/logout", ok(303)),
+            # single sign-on: this server has no OIDC web client, so both say so (404)
+            ("GET", "/login/oidc"): lambda me, other: self.page(me, "GET", "/login/oidc", ok(404)),
+            ("GET", "/login/oidc/callback"): lambda me, other: self.page(
+                me, "GET", "/login/oidc/callback", ok(404), params={"state": mark(other.tenant)}
+            ),
             ("GET", "/"): lambda me, other: self.page(
                 me, "GET", "/", ok(200), params={"q": self.rng.choice(("", mark(other.tenant)))}
             ),
@@ -238,6 +243,11 @@ class Matrix:
             ("PUT", "/scim/v2/{path}"): self.scim_put,
             ("PATCH", "/scim/v2/{path}"): self.scim_patch,
             ("DELETE", "/scim/v2/{path}"): self.scim_delete,
+            ("GET", "/actions"): lambda me, other: self.page(me, "GET", "/actions", ok(200)),
+            ("POST", "/actions/plans/{plan_id}/{verb}"): self.plan_form,
+            ("GET", "/audit"): lambda me, other: self.page(
+                me, "GET", "/audit", ok(200), role="auditor"
+            ),
             ("DELETE", "/api/v1/secrets/{name}"): lambda me, other: (
                 "admin",
                 "DELETE",
@@ -435,6 +445,19 @@ class Matrix:
         expect = ok(404) if probe else ok(303, 409)
         return self.page(me, "POST", f"/incidents/{incident}/{verb}", expect, role="operator")
 
+    def plan_form(self, me: Side, other: Side) -> Request:
+        plan, probe = self.pick(me, other, "plans")
+        verb = self.rng.choice(("approve", "reject"))
+        form = {"by": f"sre-{mark(me.tenant)}", "note": mark(me.tenant)}
+        if self.rng.random() < 0.1:  # a viewer's session may not decide
+            return self.page(me, "POST", f"/actions/plans/{plan or 1}/{verb}", ok(403), form=form)
+        if plan is None:
+            path = f"/actions/plans/999999/{verb}"
+            return self.page(me, "POST", path, ok(404), role="approver", form=form)
+        expect = ok(404) if probe else ok(303, 409)
+        path = f"/actions/plans/{plan}/{verb}"
+        return self.page(me, "POST", path, expect, role="approver", form=form)
+
     def evidence_page(self, me: Side, other: Side) -> Request:
         found, probe = self.pick(me, other, "evidence")
         if found is None:
@@ -514,7 +537,10 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
         for t in TENANTS
     }
     for side in sides.values():
-        side.sessions = {r: ui_session(server.base, side.tokens[r]) for r in ("viewer", "operator")}
+        side.sessions = {
+            r: ui_session(server.base, side.tokens[r])
+            for r in ("viewer", "operator", "approver", "auditor")
+        }
     matrix = Matrix(rng, sides)
     spec = httpx.get(server.base + "/openapi.json").json()
     served = {(method.upper(), path) for path, item in spec["paths"].items() for method in item}

@@ -31,8 +31,9 @@ def signing_key(kid: str):
 
 
 class Provider:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, web_redirect: str | None = None) -> None:
         self.folder = folder
+        self.web_redirect = web_redirect  # the web UI client's callback (client denpex-web)
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -45,7 +46,10 @@ class Provider:
         jwks.write_text(json.dumps({"keys": [k.as_dict(private=True) for k in self.keys]}))
         with open(self.folder / "provider.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["node", str(HERE / "provider.mjs"), str(self.port), str(jwks)],
+                [
+                    *("node", str(HERE / "provider.mjs"), str(self.port), str(jwks)),
+                    *([self.web_redirect] if self.web_redirect else []),
+                ],
                 stdout=log,
                 stderr=log,
             )

@@ -12,7 +12,7 @@ another (a foreign id is a 404).
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, quote
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -22,8 +22,11 @@ from markupsafe import Markup
 
 from denpex import __version__
 from denpex.control.access import allows
+from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
+from denpex.control.ui.action_routes import PageKit, add_action_routes
+from denpex.control.ui.actions import incident_plans, remediation_states
 from denpex.control.ui.graph import causal_svg, row_anchor
 from denpex.control.ui.mfa_routes import add_mfa_routes, owed_factor
 from denpex.control.ui.session import (
@@ -39,9 +42,17 @@ from denpex.control.ui.session import (
     check_csrf,
     new_session,
 )
-from denpex.control.ui.sso_routes import add_sso_routes
+from denpex.control.ui.session import safe_next as _safe_next
+from denpex.control.ui.sso import add_sso_routes, sso_name
+from denpex.control.ui.sso_routes import add_sso_routes as add_saml_routes
 from denpex.control.ui.views import fleet as fleet_view
-from denpex.control.ui.views import host_states, incident_view, jobs_page, layer_of
+from denpex.control.ui.views import (
+    host_states,
+    incident_view,
+    jobs_page,
+    layer_of,
+    state_of_step,
+)
 from denpex.control.ui.webauthn_routes import add_webauthn_routes
 from denpex.enterprise import AuthError, Principal, authenticate
 from denpex.enterprise.oidc import looks_like_jwt
@@ -107,6 +118,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             csrf=session.csrf,
             principal=principal,
             may_write=bool(principal and allows(rt, principal, "incidents:write")),
+            may_plans=bool(principal and allows(rt, principal, "remediation:read")),
+            may_audit=bool(principal and allows(rt, principal, "audit:read")),
             path=request.url.path,
             **context,
         )
@@ -173,6 +186,10 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         except Conflict as exc:
             raise UiError(409, str(exc)) from None
 
+    kit = PageKit(page, decides, form_of, guarded, session_for, public, set_session, session_of)
+    add_action_routes(app, rt, kit)
+    add_sso_routes(app, rt, kit, codec)
+
     # --- login -------------------------------------------------------------------------------
 
     @app.get("/login", include_in_schema=False)
@@ -182,7 +199,10 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             return RedirectResponse(_safe_next(next), status_code=303)
         session = session or new_session()
         saml = getattr(rt, "saml", None) is not None
-        response = page(request, "login.html", session, None, next=_safe_next(next), saml=saml)
+        response = page(
+            request, "login.html", session, None, next=_safe_next(next), sso=sso_name(rt),
+            saml=saml,
+        )  # fmt: skip
         return set_session(response, request, session)
 
     @app.post("/login", include_in_schema=False)
@@ -197,7 +217,10 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             rt.identity.login_failed(method, time.time_ns(), credential=token, directory=rt.tokens)
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
-            return page(request, "login.html", session, None, 401, next=target, message=message)
+            return page(
+                request, "login.html", session, None, 401, next=target, message=message,
+                sso=sso_name(rt),
+            )  # fmt: skip
         owed = owed_factor(rt, found)
         if owed is not None:  # not signed in yet: the second factor comes first
             where = "/login/mfa" if owed == "verify" else "/mfa"
@@ -231,7 +254,7 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
                 rt.identity.logout(found, now, revoked=revoked)
         return set_session(RedirectResponse("/login", status_code=303), request, new_session())
 
-    add_sso_routes(app, rt, public, set_session, _safe_next)
+    add_saml_routes(app, rt, public, set_session, _safe_next)
     add_mfa_routes(app, rt, public=public, decides=decides, page=page, form_of=form_of,
                    session_of=session_of, set_session=set_session, safe_next=_safe_next)  # fmt: skip
     add_webauthn_routes(app, rt, public=public, decides=decides, session_of=session_of,
@@ -246,10 +269,23 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         state: str = "",
         category: str = "",
         q: str = "",
+        group: str = "rack",
     ) -> Response:
         session = session_for(request)
         store = rt.store.scoped(principal)
-        fleet = fleet_view(store, state=state or None, category=category or None, text=q)
+        held = None  # None: this session may not read remediation (cells show incidents only)
+        if allows(rt, principal, "remediation:read"):
+            rs = RemediationStore.scoped(rt.db, principal)
+            held = remediation_states(rs, state_of_step())
+        fleet = fleet_view(
+            store,
+            state=state or None,
+            category=category or None,
+            text=q,
+            remediation=held,
+            placements=rt.options.topology,
+            group_by=group,
+        )
         return page(
             request,
             "fleet.html",
@@ -257,7 +293,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             principal,
             fleet=fleet,
             states=host_states(),
-            filters={"state": state, "category": category, "q": q},
+            remediation_shown=held is not None,
+            filters={"state": state, "category": category, "q": q, "group": fleet.group_by},
         )
 
     @app.get("/incidents/{incident_id}", include_in_schema=False)
@@ -274,6 +311,9 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         diagnosis = view.diagnosis or {}
         entries = [e for e in diagnosis.get("timeline") or [] if isinstance(e, dict)]
         cause_ids = {str(i) for i in (diagnosis.get("root_cause") or {}).get("evidence") or []}
+        plans = None  # None: this session may not read plans (the page says nothing of them)
+        if allows(rt, principal, "remediation:read"):
+            plans = incident_plans(RemediationStore.scoped(rt.db, principal), incident_id)
         return page(
             request,
             "incident.html",
@@ -283,6 +323,7 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             root=diagnosis.get("root_cause") or {},
             graph=Markup(causal_svg(view.incident, view.evidence)),
             timeline=Markup(timeline_svg(entries, cause_ids)) if entries else None,
+            plans=plans,
         )
 
     @app.post("/incidents/{incident_id}/{verb}", include_in_schema=False)
@@ -349,14 +390,6 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
 
 def _query(request: Request) -> str:
     return f"?{request.url.query}" if request.url.query else ""
-
-
-def _safe_next(target: str) -> str:
-    """Only a path on this server (never `//host` or a scheme): no open redirect."""
-    parts = urlsplit(target or "/")
-    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
-        return "/"
-    return target
 
 
 class _SecurityHeaders:

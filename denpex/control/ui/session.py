@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from cryptography.fernet import Fernet, InvalidToken
 from fastapi import Request
@@ -86,6 +87,19 @@ class SessionCodec:
             {"c": session.csrf, "t": session.token, "m": session.mfa, "w": session.challenge}
         )
         return self._key().encrypt(body).decode()
+
+    def seal_data(self, data: dict[str, Any]) -> str:
+        """Seal any small JSON object with the same key (the SSO login's pending state)."""
+        return self._key().encrypt(jsonio.dumps(data)).decode()
+
+    def open_data(self, cookie: str | None, ttl_s: int) -> dict[str, Any] | None:
+        if not cookie:
+            return None
+        try:
+            raw: Any = jsonio.loads(self._key().decrypt(cookie.encode(), ttl=ttl_s))
+        except (InvalidToken, ValueError):
+            return None
+        return raw if isinstance(raw, dict) else None
 
     def open(self, cookie: str | None) -> Session | None:
         """The session in `cookie`, or None when it is absent, forged or older than MAX_AGE_S."""
@@ -159,3 +173,11 @@ def check_csrf(session: Session | None, submitted: str | None) -> None:
         raise CsrfRefused()
     if not hmac.compare_digest(session.csrf.encode(), submitted.encode()):
         raise CsrfRefused()
+
+
+def safe_next(target: str) -> str:
+    """Only a path on this server (never `//host` or a scheme): no open redirect."""
+    parts = urlsplit(target or "/")
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
+        return "/"
+    return target

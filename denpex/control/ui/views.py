@@ -7,6 +7,7 @@ it must never invent a state the store does not hold (see host_states.yaml).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -44,25 +45,56 @@ class HostCell:
     last: str | None
     incidents: list[int] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
+    plan: int | None = None  # the remediation plan that set a remediation state
+    step: str | None = None  # ... and its step that did
+
+
+@dataclass(slots=True)
+class Group:
+    name: str  # the rack, switch or pool (or why there is none)
+    cells: list[HostCell]
+    counts: dict[str, int]  # state → hosts of this group in it (only states present)
 
 
 @dataclass(slots=True)
 class Fleet:
-    groups: list[tuple[str, list[HostCell]]]
+    groups: list[Group]
     active: list[dict[str, Any]]
     counts: dict[str, int | None]
     total: int
     shown: int
     categories: list[str]
     fleet_findings: list[dict[str, Any]]
+    group_by: str
+    topology_hosts: int  # hosts the site topology places (0: none given)
+
+
+GROUP_BY = ("rack", "switch", "pool")
+
+
+def state_of_step() -> dict[str, str]:
+    """Plan step → the host state it leaves (host_states.yaml's remediation states)."""
+    return {step: key for key, spec in host_states().items() for step in spec.get("steps") or ()}
 
 
 def fleet(
-    store: TenantStore, *, state: str | None, category: str | None, text: str | None
+    store: TenantStore,
+    *,
+    state: str | None,
+    category: str | None,
+    text: str | None,
+    remediation: Mapping[str, Mapping[str, Any]] | None = None,
+    placements: Mapping[str, Any] | None = None,
+    group_by: str = "rack",
 ) -> Fleet:
-    """Every host as a cell (filtered by state, open-incident category and name text), the
-    active incidents newest first, and the count of hosts in each state."""
-    hosts = _all_hosts(store)
+    """Every host as a cell (filtered by state, open-incident category and name text) in
+    groups by rack, leaf switch or pool of the site topology, the active incidents newest
+    first, and the count of hosts in each state. `remediation` is host → {state, plan, step}
+    (actions.remediation_states); `placements` host → Placement (the fleet rules' topology)."""
+    remediation = remediation or {}
+    placements = placements or {}
+    group_by = group_by if group_by in GROUP_BY else "rack"
+    hosts = all_hosts(store)
     active: list[dict[str, Any]] = []
     for status in ACTIVE:
         active += store.incidents(status=status, limit=MAX_ACTIVE).items
@@ -76,13 +108,16 @@ def fleet(
     cells = []
     for host in hosts:
         mine = on_host.get(host["name"], [])
+        held = remediation.get(host["name"]) or {}
         cells.append(
             HostCell(
                 name=host["name"],
-                state="suspect" if mine else "healthy",
+                state=held.get("state") or ("suspect" if mine else "healthy"),
                 last=iso(host["last_ns"]),
                 incidents=[i["id"] for i in mine],
                 categories=sorted({i["category"] for i in mine}),
+                plan=held.get("plan"),
+                step=held.get("step"),
             )
         )
     states = host_states()
@@ -101,18 +136,46 @@ def fleet(
     if category:
         active = [i for i in active if i["category"] == category]
     return Fleet(
-        # The store records no rack, switch or node pool yet: one group, named as such.
-        groups=[("rack / switch / pool not reported", shown)] if shown else [],
+        groups=_grouped(shown, placements, group_by),
         active=active,
         counts=counts,
         total=len(cells),
         shown=len(shown),
         categories=sorted({i["category"] for i in active} | ({category} if category else set())),
         fleet_findings=[i for i in active if i["rule"] != "job_root_cause"],
+        group_by=group_by,
+        topology_hosts=len(placements),
     )
 
 
-def _all_hosts(store: TenantStore) -> list[dict[str, Any]]:
+def _grouped(cells: list[HostCell], placements: Mapping[str, Any], by: str) -> list[Group]:
+    if not cells:
+        return []
+    if not placements:
+        return [_group("no site topology given (denpex server --topology FILE)", cells)]
+    named: dict[str, list[HostCell]] = {}
+    unplaced: list[HostCell] = []
+    for cell in cells:
+        value = getattr(placements.get(cell.name), by, None)
+        if value:
+            named.setdefault(f"{by} {value}", []).append(cell)
+        else:
+            unplaced.append(cell)
+    groups = [_group(name, named[name]) for name in sorted(named)]
+    if unplaced:
+        groups.append(_group(f"no {by} in the site topology", unplaced))
+    return groups
+
+
+def _group(name: str, cells: list[HostCell]) -> Group:
+    counts: dict[str, int] = {}
+    for cell in cells:
+        counts[cell.state] = counts.get(cell.state, 0) + 1
+    order = list(host_states())
+    return Group(name, cells, dict(sorted(counts.items(), key=lambda kv: order.index(kv[0]))))
+
+
+def all_hosts(store: TenantStore) -> list[dict[str, Any]]:
     hosts: list[dict[str, Any]] = []
     cursor = None
     while len(hosts) < MAX_HOSTS:

@@ -92,7 +92,7 @@ def gpu_job() -> dict[str, Any]:
     actions = [
         {"action": "drain_node", "target": "gpu-a07", "reason": "GPU lost (Xid 79): take the "
          "node out of scheduling and run field diagnostics"},
-        {"action": "resume_from_checkpoint", "target": "train-llama-70b", "reason": "restart on "
+        {"action": "retry_job", "target": "train-llama-70b", "reason": "restart on "
          "healthy nodes from the last checkpoint"},
     ]  # fmt: skip
     contributing = [
@@ -124,7 +124,7 @@ def ib_job() -> dict[str, Any]:
         "explanation": "The HCA on gpu-a12 gave up retransmitting to its peer; NCCL failed on "
         "the ranks that talked to it.",
     }  # fmt: skip
-    actions = [{"action": "check_link", "target": "gpu-a12/mlx5_1", "reason": "look at the "
+    actions = [{"action": "check_fabric", "target": "gpu-a12/mlx5_1", "reason": "look at the "
                 "port's symbol and link-down counters before the next run"}]  # fmt: skip
     return _report("r-bert-0031", "bert-finetune", "bob", hosts, 1100.0,
                    _diagnosis(root, timeline, "InfiniBand retry exceeded on gpu-a12.", actions, []))  # fmt: skip
@@ -142,7 +142,7 @@ def oom_job() -> dict[str, Any]:
         "title": "CUDA out of memory on rank 0", "explanation": "The job asked for more GPU "
         "memory than was free.",
     }  # fmt: skip
-    actions = [{"action": "fix_job", "target": "resnet-sweep", "reason": "lower the batch "
+    actions = [{"action": "reduce_memory", "target": "resnet-sweep", "reason": "lower the batch "
                 "size or enable activation checkpointing"}]  # fmt: skip
     return _report("r-resnet-0007", "resnet-sweep", "alice", ["gpu-a03"], 2010.0,
                    _diagnosis(root, timeline, "CUDA out of memory on rank 0.", actions, []))  # fmt: skip

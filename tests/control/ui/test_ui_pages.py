@@ -99,6 +99,7 @@ def test_fleet_and_incident_show_the_tenants_own_data(ui: Api) -> None:
     assert 'id="count-total">20<' in fleet.text  # 8 + 4 + 8 hosts in three reports (acme)
     assert 'id="count-suspect">12<' in fleet.text
     assert "gx-01" not in fleet.text
+    assert "no site topology given" in fleet.text  # one group, and it says why
     incident = ui.client.get(f"/incidents/{incident_of(ui, 'train-llama-70b')}")
     assert incident.status_code == 200
     assert 'data-category="gpu.fallen_off_bus"' in incident.text

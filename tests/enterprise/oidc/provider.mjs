@@ -1,13 +1,15 @@
 // A real OpenID provider for the OIDC tests: node-oidc-provider (OpenID-certified) on
-// loopback. Usage: node provider.mjs PORT JWKS_FILE. Clients: denpex-cli (native, public,
-// authorization code + PKCE, any loopback port) and denpex-agent (confidential, client
-// credentials). Access tokens for the resource urn:denpex:api are JWTs (RS256).
+// loopback. Usage: node provider.mjs PORT JWKS_FILE [WEB_REDIRECT]. Clients: denpex-cli
+// (native, public, authorization code + PKCE, any loopback port), denpex-agent (confidential,
+// client credentials) and, when WEB_REDIRECT is given, denpex-web (the web UI: confidential,
+// authorization code + PKCE, that one callback). Access tokens for the resource
+// urn:denpex:api are JWTs (RS256).
 // devInteractions lets a test log in as any user name (password ignored): alice is in
 // group gpu-sre, bob in ml-research, carol in no group.
 import { readFileSync } from 'node:fs';
 import Provider from 'oidc-provider';
 
-const [port, jwksFile] = process.argv.slice(2);
+const [port, jwksFile, webRedirect] = process.argv.slice(2);
 const issuer = `http://127.0.0.1:${port}`;
 const groups = { alice: ['gpu-sre'], bob: ['ml-research'], carol: [] };
 
@@ -22,6 +24,15 @@ const provider = new Provider(issuer, {
       response_types: ['code'],
       redirect_uris: ['http://127.0.0.1/callback'],
     },
+    // the web UI (confidential, authorization code + PKCE) when the test names its callback
+    ...(webRedirect ? [{
+      client_id: 'denpex-web',
+      client_secret: 'web-secret-for-tests',
+      token_endpoint_auth_method: 'client_secret_basic',
+      grant_types: ['authorization_code'],
+      response_types: ['code'],
+      redirect_uris: [webRedirect],
+    }] : []),
     {
       client_id: 'denpex-agent',
       client_secret: 'agent-secret-for-tests',

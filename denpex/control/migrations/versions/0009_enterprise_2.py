@@ -5,8 +5,8 @@ and per-tenant identity settings (MFA required). The SCIM, MFA and settings tabl
 tables: in PostgreSQL row-level security (ENABLE + FORCE) on `denpex.tenant`; the SAML ledger
 is a system table.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
