@@ -73,6 +73,12 @@ def add_parser(commands) -> None:
         "names, with its group → tenant/role mappings (also: DENPEX_OIDC_CONFIG)",
     )
     parser.add_argument(
+        "--saml",
+        metavar="FILE",
+        help="also sign people in to the web UI through the SAML 2.0 IdP this YAML names, "
+        "with its group → tenant/role mappings (also: DENPEX_SAML_CONFIG)",
+    )
+    parser.add_argument(
         "--remediation-backend",
         choices=("slurm",),
         help="let the leader run remediation plans on this scheduler (default: plans are "
@@ -140,6 +146,11 @@ def add_parser(commands) -> None:
         f"{', '.join(_bundled_roles())}; `denpex policy show` explains them)",
     )
     token.add_argument("--note", default="", help="who or what the token is for")
+    token.add_argument(
+        "--owner",
+        help="the person the token stands for (scim:<SCIM user id>, or a name): their second "
+        "factor guards its UI sign-ins, and SCIM deprovisioning revokes it",
+    )
     token.add_argument(
         "--policies", metavar="DIR", help="the policy folder whose roles --role names"
     )
@@ -218,6 +229,7 @@ def handle(args: argparse.Namespace) -> int:
         quotas=QuotaPolicy(records_per_s=args.quota, burst=max(args.quota * 4, 1.0)),
         policy_dir=args.policies,
         oidc=_oidc(args),
+        saml=_saml(args),
         kms_url=args.kms,
         remediation_backend=args.remediation_backend,
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
@@ -305,6 +317,20 @@ def _oidc(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
+def _saml(args: argparse.Namespace):
+    import os
+
+    from denpex.enterprise.saml import SamlConfig, SamlConfigError
+
+    path = args.saml or os.environ.get("DENPEX_SAML_CONFIG")
+    if not path:
+        return None
+    try:
+        return SamlConfig.load(path)
+    except SamlConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _topology(path: str | None) -> dict:
     from denpex.control.fleet.topology import parse_topology
 
@@ -331,7 +357,13 @@ def handle_token(args: argparse.Namespace) -> int:
     store = open_store(args)
     minted = mint_token()
     store.add_token(
-        minted.token_id, args.tenant, args.role, minted.secret_hash, time.time_ns(), args.note
+        minted.token_id,
+        args.tenant,
+        args.role,
+        minted.secret_hash,
+        time.time_ns(),
+        args.note,
+        owner=args.owner or None,
     )
     store.db.dispose()
     print(minted.token)

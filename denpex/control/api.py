@@ -35,10 +35,12 @@ from denpex.control.leader import Leadership
 from denpex.control.quotas import Quotas
 from denpex.control.remediation_api import add_routes as add_remediation_routes
 from denpex.control.residency import Residency, audit_refusal
+from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
+from denpex.control.ui.mfa_routes import add_mfa_api
 from denpex.core import jsonio
 from denpex.enterprise import (
     AuthError,
@@ -99,6 +101,8 @@ def create_app(rt: Runtime) -> FastAPI:
     public = Decides(rt, "service:read", public=True)
 
     add_remediation_routes(app, rt.db, rt.store, principal)
+    add_scim_routes(app, rt, principal, public)
+    add_mfa_api(app, rt, principal)
 
     # --- service ---------------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ tokens = sa.Table(
     sa.Column("created_ns", sa.BigInteger, nullable=False),
     sa.Column("revoked_ns", sa.BigInteger),
     sa.Column("note", sa.Text, nullable=False, server_default=""),
+    sa.Column("owner", sa.Text),  # the person it stands for (saml:<name id>, scim:<id>): 0009
+    sa.Column("expires_ns", sa.BigInteger),  # None: until revoked (an SSO session's: its end)
 )
 
 evidence = sa.Table(
@@ -214,6 +216,13 @@ TENANT_TABLES = (
     "incident_vectors",
     "denials",
     "secrets",
+    "scim_users",
+    "scim_groups",
+    "scim_members",
+    "mfa_totp",
+    "mfa_recovery",
+    "mfa_webauthn",
+    "tenant_settings",
 )
 
 # --- remediation and the audit log (migration 0005): system tables, filtered by
@@ -282,4 +291,92 @@ remediation_guards = sa.Table(
     sa.Column("pool", sa.Text, primary_key=True),
     sa.Column("tripped_ns", sa.BigInteger, nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
+)
+
+
+# --- enterprise identity (migration 0009): the SAML ledger is a system table; SCIM, MFA and
+# the tenant's identity settings are tenant tables (row-level security in PostgreSQL) ----------
+
+saml_ids = sa.Table(  # AuthnRequest ids (InResponseTo) and assertion ids seen (replay)
+    "saml_ids",
+    metadata,
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("expires_ns", sa.BigInteger, nullable=False),
+    sa.Column("used_ns", sa.BigInteger),
+)
+
+scim_users = sa.Table(
+    "scim_users",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("user_name", sa.Text, nullable=False),
+    sa.Column("external_id", sa.Text),
+    sa.Column("active", sa.Boolean, nullable=False),
+    sa.Column("role", sa.Text),
+    sa.Column("resource", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+)
+
+scim_groups = sa.Table(
+    "scim_groups",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("id", sa.Text, primary_key=True),
+    sa.Column("display_name", sa.Text, nullable=False),
+    sa.Column("external_id", sa.Text),
+    sa.Column("resource", sa.Text, nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+)
+
+scim_members = sa.Table(
+    "scim_members",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("group_id", sa.Text, primary_key=True),
+    sa.Column("user_id", sa.Text, primary_key=True),
+)
+
+mfa_totp = sa.Table(
+    "mfa_totp",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("sealed", sa.Text, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("confirmed_ns", sa.BigInteger),
+    sa.Column("last_step", sa.BigInteger, nullable=False, server_default="0"),
+)
+
+mfa_recovery = sa.Table(
+    "mfa_recovery",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, primary_key=True),
+    sa.Column("code_hash", sa.Text, primary_key=True),
+    sa.Column("used_ns", sa.BigInteger),
+)
+
+mfa_webauthn = sa.Table(
+    "mfa_webauthn",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("credential_id", sa.Text, primary_key=True),
+    sa.Column("subject", sa.Text, nullable=False),
+    sa.Column("public_key", sa.Text, nullable=False),
+    sa.Column("sign_count", sa.BigInteger, nullable=False),
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+)
+
+tenant_settings = sa.Table(
+    "tenant_settings",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("mfa_required", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
 )

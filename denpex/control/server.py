@@ -28,8 +28,10 @@ from denpex.control.fleet import FleetConfig, load_fleet_rules
 from denpex.control.fleet.model import Placement
 from denpex.control.fleet_pass import FleetWindow
 from denpex.control.global_view import publish
+from denpex.control.identity_audit import IdentityAudit
 from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
+from denpex.control.mfa_store import MfaStore
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
@@ -37,6 +39,7 @@ from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sso import StoreSamlLedger
 from denpex.control.store import Fence, Fenced, Store
 from denpex.enterprise import (
     OidcConfig,
@@ -47,6 +50,8 @@ from denpex.enterprise import (
     load_policies,
     open_kms,
 )
+from denpex.enterprise.oidc import Mapping_
+from denpex.enterprise.saml import SamlConfig, SamlServiceProvider
 
 log = logging.getLogger("denpex.server")
 
@@ -64,6 +69,7 @@ class ServerOptions:
     token_cache_s: float = 5.0
     policy_dir: str | None = None  # a Cedar policy folder (default: the bundled set)
     oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
+    saml: SamlConfig | None = None  # sign people in to the UI through this SAML IdP too
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
@@ -120,7 +126,15 @@ class Runtime:
         self.store = Store(self.db)
         self.denials = DenialStore(self.db)
         self.oidc = OidcVerifier(options.oidc) if options.oidc is not None else None
+        self.identity = IdentityAudit(self.db)
+        if options.oidc is not None:
+            self.identity.sync_mappings("oidc", options.oidc.rules_by_tenant(), time.time_ns())
+        self.saml: SamlServiceProvider | None = None
+        if options.saml is not None:
+            self.saml = SamlServiceProvider(options.saml, StoreSamlLedger(self.db))
+            self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
         self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
+        self.mfa = MfaStore(self.db, self.secrets)
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)
@@ -154,6 +168,14 @@ class Runtime:
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def identity_rules(self) -> list[Mapping_]:
+        """Every identity-provider mapping rule (SAML's, then OIDC's): group → tenant, role."""
+        found: list[Mapping_] = []
+        for config in (self.options.saml, self.options.oidc):
+            if config is not None:
+                found.extend(config.mappings)
+        return found
 
     def admit_bus(
         self, who: Principal, batch: LogBatch | None, rows: list[tuple[Any, ...]] | None

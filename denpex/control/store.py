@@ -111,11 +111,27 @@ class Store:
         if row is None:
             return None
         return TokenRecord(
-            row.token_id, row.tenant, row.role, row.secret_hash, row.revoked_ns is not None
+            row.token_id,
+            row.tenant,
+            row.role,
+            row.secret_hash,
+            row.revoked_ns is not None,
+            row.owner,
+            row.expires_ns,
         )
 
     def add_token(
-        self, token_id: str, tenant: str, role: str, secret_hash: str, now_ns: int, note: str = ""
+        self,
+        token_id: str,
+        tenant: str,
+        role: str,
+        secret_hash: str,
+        now_ns: int,
+        note: str = "",
+        *,
+        owner: str | None = None,
+        expires_ns: int | None = None,
+        actor: str = "admin",
     ) -> None:
         with self.db.system_tx(write=True) as conn:
             self._ensure_tenant(conn, tenant, now_ns)
@@ -127,19 +143,61 @@ class Store:
                     secret_hash=secret_hash,
                     created_ns=now_ns,
                     note=note,
+                    owner=owner,
+                    expires_ns=expires_ns,
                 )
             )
+            result: dict[str, Any] = {"role": role, "note": note}
+            if owner is not None:
+                result.update(owner=owner, expires_ns=expires_ns)
             audit_log.append(
                 conn,
                 ts_ns=now_ns,
                 kind="token.created",
-                actor="admin",
+                actor=actor,
                 tenant=tenant,
                 subject=f"token {token_id}",
-                result={"role": role, "note": note},
+                result=result,
             )
 
-    def revoke_token(self, token_id: str, now_ns: int) -> bool:
+    def revoke_owned(self, tenant: str, owners: list[str], now_ns: int, actor: str) -> int:
+        """Revoke every live token of `tenant` standing for one of `owners` (sessions and
+        tokens of a deprovisioned person), each revocation in the audit; returns how many."""
+        t = s.tokens
+        with self.db.system_tx(write=True) as conn:
+            ids = list(
+                conn.execute(
+                    sa.select(t.c.token_id).where(
+                        t.c.tenant == tenant, t.c.owner.in_(owners), t.c.revoked_ns.is_(None)
+                    )
+                ).scalars()
+            )
+            for token_id in ids:
+                conn.execute(t.update().where(t.c.token_id == token_id).values(revoked_ns=now_ns))
+                audit_log.append(
+                    conn,
+                    ts_ns=now_ns,
+                    kind="token.revoked",
+                    actor=actor,
+                    tenant=tenant,
+                    subject=f"token {token_id}",
+                )
+        return len(ids)
+
+    def set_owned_role(self, tenant: str, owners: list[str], role: str) -> int:
+        """Give the live tokens standing for `owners` the role `role` (the caller records the
+        role change); returns how many."""
+        t = s.tokens
+        with self.db.system_tx(write=True) as conn:
+            return int(
+                conn.execute(
+                    t.update()
+                    .where(t.c.tenant == tenant, t.c.owner.in_(owners), t.c.revoked_ns.is_(None))
+                    .values(role=role)
+                ).rowcount
+            )
+
+    def revoke_token(self, token_id: str, now_ns: int, actor: str = "admin") -> bool:
         with self.db.system_tx(write=True) as conn:
             result = conn.execute(
                 s.tokens.update()
@@ -147,12 +205,15 @@ class Store:
                 .values(revoked_ns=now_ns)
             )
             if result.rowcount:
+                tenant = conn.execute(
+                    sa.select(s.tokens.c.tenant).where(s.tokens.c.token_id == token_id)
+                ).scalar()
                 audit_log.append(
                     conn,
                     ts_ns=now_ns,
                     kind="token.revoked",
-                    actor="admin",
-                    tenant=None,
+                    actor=actor,
+                    tenant=tenant,
                     subject=f"token {token_id}",
                 )
             return bool(result.rowcount)

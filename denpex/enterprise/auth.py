@@ -10,6 +10,7 @@ never say which part of a bad token was wrong (a 401 is a 401).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +42,8 @@ class TokenRecord:
     role: str
     secret_hash: str
     revoked: bool = False
+    owner: str | None = None  # the person it stands for (an SSO session's, a SCIM user's)
+    expires_ns: int | None = None  # None: until revoked
 
 
 class TokenDirectory(Protocol):
@@ -96,6 +99,8 @@ def authenticate(
     if record is None or record.revoked or not secret_matches(secret, record.secret_hash):
         raise AuthError(401, "invalid bearer token")
     if not record.tenant or not record.role:
+        raise AuthError(401, "invalid bearer token")
+    if record.expires_ns is not None and record.expires_ns <= time.time_ns():
         raise AuthError(401, "invalid bearer token")
     return Principal(record.tenant, record.role, record.token_id, _SEAL)
 

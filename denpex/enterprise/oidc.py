@@ -51,6 +51,56 @@ class Mapping_:
     client: str | None = None
 
 
+def parse_mappings(raw: Any, where: str) -> tuple[Mapping_, ...]:
+    """The `mappings:` list of an identity provider's configuration (OIDC, SAML)."""
+    mappings = tuple(
+        Mapping_(
+            tenant=str(m["tenant"]),
+            role=str(m["role"]),
+            group=str(m["group"]) if m.get("group") else None,
+            client=str(m["client"]) if m.get("client") else None,
+        )
+        for m in raw
+    )
+    if any((m.group is None) == (m.client is None) for m in mappings):
+        raise OidcConfigError(f"{where}: each mapping names a group or a client (one)")
+    return mappings
+
+
+def bind(
+    mappings: tuple[Mapping_, ...],
+    subject: str,
+    groups: tuple[str, ...],
+    client: str | None = None,
+    tenant: str | None = None,
+) -> tuple[str, str]:
+    """(tenant, role) of the first mapping `groups` (or, for a client acting for itself,
+    `client`) match, in `tenant` when the caller names one; OidcError when none or when
+    several tenants match and none is named."""
+    matches = [
+        m
+        for m in mappings
+        if (m.group is not None and m.group in groups)
+        or (m.client is not None and m.client == client and client == subject)
+    ]
+    if tenant is not None:
+        matches = [m for m in matches if m.tenant == tenant]
+    tenants = {m.tenant for m in matches}
+    if not matches:
+        raise OidcError(f"{subject}: no mapping gives it a tenant and role")
+    if len(tenants) > 1:
+        raise OidcError(f"{subject}: maps to tenants {sorted(tenants)}: name one (X-Denpex-Tenant)")
+    return matches[0].tenant, matches[0].role
+
+
+def rules_by_tenant(mappings: tuple[Mapping_, ...]) -> dict[str, list[dict[str, str]]]:
+    found: dict[str, list[dict[str, str]]] = {}
+    for m in mappings:
+        rule = {"group": m.group} if m.group is not None else {"client": m.client or ""}
+        found.setdefault(m.tenant, []).append({**rule, "role": m.role})
+    return found
+
+
 @dataclass(frozen=True)
 class OidcConfig:
     issuer: str
@@ -71,6 +121,10 @@ class OidcConfig:
     web_name: str = "single sign-on"
     web_scopes: tuple[str, ...] = ("openid", "groups")
 
+    def rules_by_tenant(self) -> dict[str, list[dict[str, str]]]:
+        """The mapping rules per tenant, as the audit records them."""
+        return rules_by_tenant(self.mappings)
+
     @classmethod
     def load(cls, path: str | Path) -> OidcConfig:
         try:
@@ -88,17 +142,7 @@ class OidcConfig:
                 raise OidcConfigError(
                     f"{where}: algorithms {bad} refused: only asymmetric ones ({', '.join(sorted(ASYMMETRIC))})"
                 )
-            mappings = tuple(
-                Mapping_(
-                    tenant=str(m["tenant"]),
-                    role=str(m["role"]),
-                    group=str(m["group"]) if m.get("group") else None,
-                    client=str(m["client"]) if m.get("client") else None,
-                )
-                for m in raw.get("mappings") or ()
-            )
-            if any((m.group is None) == (m.client is None) for m in mappings):
-                raise OidcConfigError(f"{where}: each mapping names a group or a client (one)")
+            mappings = parse_mappings(raw.get("mappings") or (), where)
             login = raw.get("login") or {}
             issuer = str(raw["issuer"]).rstrip("/")
             audiences = tuple(str(a) for a in raw["audiences"])
@@ -304,23 +348,6 @@ class OidcVerifier:
     def binding(self, identity: Identity, tenant: str | None = None) -> tuple[str, str]:
         """(tenant, role) for `identity`: the first mapping its groups or client match, in
         `tenant` when the caller names one of the tenants it maps to; OidcError when none."""
-        matches = [
-            m
-            for m in self.config.mappings
-            if (m.group is not None and m.group in identity.groups)
-            or (
-                m.client is not None
-                and m.client == identity.client
-                and identity.client == identity.subject
-            )
-        ]
-        if tenant is not None:
-            matches = [m for m in matches if m.tenant == tenant]
-        tenants = {m.tenant for m in matches}
-        if not matches:
-            raise OidcError(f"{identity.subject}: no mapping gives it a tenant and role")
-        if len(tenants) > 1:
-            raise OidcError(
-                f"{identity.subject}: maps to tenants {sorted(tenants)}: name one (X-Denpex-Tenant)"
-            )
-        return matches[0].tenant, matches[0].role
+        return bind(
+            self.config.mappings, identity.subject, identity.groups, identity.client, tenant
+        )

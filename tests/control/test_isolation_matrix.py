@@ -33,6 +33,8 @@ TENANTS = ("red", "blue")
 HOSTS = ("node1", "node2", "node3")  # both tenants use the same host and job names
 JOBS = ("train-a", "train-b")
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
+SCIM = {"Content-Type": "application/scim+json"}
+SCIM_USER = "urn:ietf:params:scim:schemas:core:2.0:User"
 
 
 def mark(tenant: str) -> str:
@@ -49,6 +51,7 @@ class Side:
     reports: list[str] = field(default_factory=list)
     incidents: list[int] = field(default_factory=list)
     plans: list[int] = field(default_factory=list)  # remediation plans the leader derived
+    scim_users: list[str] = field(default_factory=list)  # SCIM ids its provisioner made
     sent: int = 0
 
 
@@ -176,6 +179,70 @@ class Matrix:
             ("GET", "/jobs"): lambda me, other: self.page(
                 me, "GET", "/jobs", ok(200), params=self.filters("job", "host", "category", "user")
             ),
+            # SAML sign-in: this server has no --saml, so each answers 404 (tests/enterprise)
+            ("GET", "/saml/metadata"): lambda me, other: self.page(
+                me, "GET", "/saml/metadata", ok(404)
+            ),
+            ("GET", "/saml/login"): lambda me, other: self.page(me, "GET", "/saml/login", ok(404)),
+            ("POST", "/saml/acs"): lambda me, other: (
+                "viewer",
+                "POST",
+                "/saml/acs",
+                {"data": {"SAMLResponse": mark(other.tenant)}},
+                ok(404),
+            ),
+            # second factors: the tenant's setting (API) and a session's own factor (UI)
+            ("GET", "/api/v1/tenant/mfa"): lambda me, other: (
+                "admin",
+                "GET",
+                "/api/v1/tenant/mfa",
+                {},
+                ok(200),
+            ),
+            ("PUT", "/api/v1/tenant/mfa"): lambda me, other: (
+                "admin",
+                "PUT",
+                "/api/v1/tenant/mfa",
+                {"json": {"required": self.rng.random() < 0.5}},
+                ok(200),
+            ),
+            # these sessions owe no code: the code page and form say so
+            ("GET", "/login/mfa"): lambda me, other: self.page(me, "GET", "/login/mfa", ok(409)),
+            ("POST", "/login/mfa"): lambda me, other: self.page(
+                me, "POST", "/login/mfa", ok(409), form={"code": "123456"}
+            ),
+            ("GET", "/mfa"): lambda me, other: self.page(me, "GET", "/mfa", ok(200)),
+            ("POST", "/mfa/enrol"): lambda me, other: self.page(me, "POST", "/mfa/enrol", ok(200)),
+            ("POST", "/mfa/confirm"): lambda me, other: self.page(
+                me, "POST", "/mfa/confirm", ok(400), form={"code": "000000"}
+            ),
+            # security keys (JSON, CSRF in a header): options for my session; the rest owe
+            # a challenge or a pending sign-in these sessions do not have
+            ("POST", "/mfa/webauthn/options"): lambda me, other: self.key_call(
+                me, "/mfa/webauthn/options", ok(200)
+            ),
+            ("POST", "/mfa/webauthn/register"): lambda me, other: self.key_call(
+                me, "/mfa/webauthn/register", ok(409)
+            ),
+            ("POST", "/login/webauthn/options"): lambda me, other: self.key_call(
+                me, "/login/webauthn/options", ok(409)
+            ),
+            ("POST", "/login/webauthn"): lambda me, other: self.key_call(
+                me, "/login/webauthn", ok(409)
+            ),
+            # SCIM provisioning: a provisioner token's own tenant only
+            ("GET", "/scim/v2/ServiceProviderConfig"): lambda me, other: (
+                "viewer",
+                "GET",
+                "/scim/v2/ServiceProviderConfig",
+                {},
+                ok(200),
+            ),
+            ("POST", "/scim/v2/{path}"): self.scim_create,
+            ("GET", "/scim/v2/{path}"): self.scim_read,
+            ("PUT", "/scim/v2/{path}"): self.scim_put,
+            ("PATCH", "/scim/v2/{path}"): self.scim_patch,
+            ("DELETE", "/scim/v2/{path}"): self.scim_delete,
             ("GET", "/actions"): lambda me, other: self.page(me, "GET", "/actions", ok(200)),
             ("POST", "/actions/plans/{plan_id}/{verb}"): self.plan_form,
             ("GET", "/audit"): lambda me, other: self.page(
@@ -272,6 +339,46 @@ class Matrix:
         path = f"/api/v1/secrets/{self.secret_name(me)}"
         return ("admin", "PUT", path, {"json": value}, ok(200))
 
+    # --- SCIM --------------------------------------------------------------------------------
+
+    def scim_create(self, me: Side, other: Side) -> Request:
+        me.sent += 1
+        name = f"u{me.sent}-{mark(me.tenant)}@corp.test"
+        body = {"schemas": [SCIM_USER], "userName": name, "displayName": mark(me.tenant)}
+        return ("provisioner", "POST", "/scim/v2/Users", {"json": body, "headers": SCIM}, ok(201))
+
+    def scim_target(self, me: Side, other: Side) -> tuple[str, bool]:
+        found, probe = self.pick(me, other, "scim_users")
+        return f"/scim/v2/Users/{found or 'none-yet'}", probe or found is None
+
+    def scim_read(self, me: Side, other: Side) -> Request:
+        if self.rng.random() < 0.5:  # a filter naming the other tenant's users: none come back
+            query = {"filter": f'userName co "{mark(other.tenant)}"'}
+            return ("provisioner", "GET", "/scim/v2/Users", {"params": query}, ok(200))
+        path, missing = self.scim_target(me, other)
+        return ("provisioner", "GET", path, {}, ok(404) if missing else ok(200))
+
+    def scim_put(self, me: Side, other: Side) -> Request:
+        path, missing = self.scim_target(me, other)
+        me.sent += 1
+        body = {"schemas": [SCIM_USER], "userName": f"p{me.sent}-{mark(me.tenant)}@corp.test"}
+        kwargs = {"json": body, "headers": SCIM}
+        return ("provisioner", "PUT", path, kwargs, ok(404) if missing else ok(200, 409))
+
+    def scim_patch(self, me: Side, other: Side) -> Request:
+        path, missing = self.scim_target(me, other)
+        op = {"op": "replace", "path": "displayName", "value": f"patched {mark(me.tenant)}"}
+        body = {"schemas": ["urn:ietf:params:scim:api:messages:2.0:PatchOp"], "Operations": [op]}
+        kwargs = {"json": body, "headers": SCIM}
+        return ("provisioner", "PATCH", path, kwargs, ok(404) if missing else ok(200, 204))
+
+    def scim_delete(self, me: Side, other: Side) -> Request:
+        found, probe = self.pick(me, other, "scim_users")
+        if found is None or probe:
+            return ("provisioner", "DELETE", f"/scim/v2/Users/{found or 'none-yet'}", {}, ok(404))
+        me.scim_users.remove(found)
+        return ("provisioner", "DELETE", f"/scim/v2/Users/{found}", {}, ok(204))
+
     # --- remediation ---------------------------------------------------------------------------
 
     def get_plan(self, me: Side, other: Side) -> Request:
@@ -315,6 +422,12 @@ class Matrix:
         if method == "POST":
             kwargs["data"] = {"csrf": csrf, **(form or {})}
         return (role, method, path, kwargs, expect)
+
+    def key_call(self, me: Side, path: str, expect: Callable[[httpx.Response], bool]) -> Request:
+        cookie, csrf = me.sessions["viewer"]
+        headers = {"Cookie": f"{COOKIE}={cookie}", "X-Denpex-CSRF": csrf,
+                   "Content-Type": "application/json"}  # fmt: skip
+        return ("viewer", "POST", path, {"headers": headers, "content": b"{}"}, expect)
 
     def incident_page(self, me: Side, other: Side) -> Request:
         incident, probe = self.pick(me, other, "incidents")
@@ -415,7 +528,11 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
     rng = random.Random(seed)
     sides = {
         t: Side(
-            t, {r: mint(url, t, r) for r in ("viewer", "operator", "approver", "auditor", "admin")}
+            t,
+            {
+                r: mint(url, t, r)
+                for r in ("viewer", "operator", "approver", "auditor", "admin", "provisioner")
+            },
         )
         for t in TENANTS
     }
@@ -444,11 +561,14 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             client.cookies.clear()  # a session travels only in the request that names it
             tally.requests += 1
             tally.by_route[route] += 1
+            if route == ("POST", "/scim/v2/{path}") and reply.status_code == 201:
+                me.scim_users.append(reply.json()["id"])
             probe = (
                 any(str(x) in path for x in (*other.evidence, *other.reports))
                 or any(f"/incidents/{i}/" in path + "/" for i in other.incidents)
                 or any(f"/dry-run/{i}/" in path + "/" for i in other.incidents)
                 or any(f"/plans/{i}/" in path + "/" for i in other.plans)
+                or any(f"/Users/{i}" in path for i in other.scim_users)
             )
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data

@@ -28,11 +28,13 @@ from denpex.control.timefmt import iso
 from denpex.control.ui.action_routes import PageKit, add_action_routes
 from denpex.control.ui.actions import incident_plans, remediation_states
 from denpex.control.ui.graph import causal_svg, row_anchor
+from denpex.control.ui.mfa_routes import add_mfa_routes, owed_factor
 from denpex.control.ui.session import (
     COOKIE,
     MAX_AGE_S,
     CsrfRefused,
     LoginRequired,
+    MfaPending,
     PageDecides,
     Session,
     SessionCodec,
@@ -42,6 +44,7 @@ from denpex.control.ui.session import (
 )
 from denpex.control.ui.session import safe_next as _safe_next
 from denpex.control.ui.sso import add_sso_routes, sso_name
+from denpex.control.ui.sso_routes import add_sso_routes as add_saml_routes
 from denpex.control.ui.views import fleet as fleet_view
 from denpex.control.ui.views import (
     host_states,
@@ -50,7 +53,9 @@ from denpex.control.ui.views import (
     layer_of,
     state_of_step,
 )
+from denpex.control.ui.webauthn_routes import add_webauthn_routes
 from denpex.enterprise import AuthError, Principal, authenticate
+from denpex.enterprise.oidc import looks_like_jwt
 from denpex.lite.report_html import timeline_svg
 
 CSP = (
@@ -90,8 +95,8 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
     def session_of(request: Request) -> Session | None:
         return codec.open(request.cookies.get(COOKIE))
 
-    def decides(action: str, *also: str) -> Any:
-        return Depends(PageDecides(rt, codec, action, also=also))
+    def decides(action: str, *also: str, enrolling: bool = False) -> Any:
+        return Depends(PageDecides(rt, codec, action, also=also, enrolling=enrolling))
 
     public = Depends(PageDecides(rt, codec, "service:read", public=True))
 
@@ -153,6 +158,13 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             return Response(status_code=401, headers={"HX-Redirect": target})
         return RedirectResponse(target, status_code=303)
 
+    @app.exception_handler(MfaPending)
+    def _mfa(request: Request, exc: MfaPending) -> Response:
+        target = exc.target + "?next=" + quote(request.url.path + _query(request), safe="")
+        if request.headers.get("hx-request"):
+            return Response(status_code=401, headers={"HX-Redirect": target})
+        return RedirectResponse(target, status_code=303)
+
     @app.exception_handler(CsrfRefused)
     def _csrf(request: Request, _exc: CsrfRefused) -> Response:
         message = "form refused: it did not carry this session's CSRF token (reload the page)"
@@ -186,9 +198,11 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         if session is not None and session.token is not None:
             return RedirectResponse(_safe_next(next), status_code=303)
         session = session or new_session()
+        saml = getattr(rt, "saml", None) is not None
         response = page(
-            request, "login.html", session, None, next=_safe_next(next), sso=sso_name(rt)
-        )
+            request, "login.html", session, None, next=_safe_next(next), sso=sso_name(rt),
+            saml=saml,
+        )  # fmt: skip
         return set_session(response, request, session)
 
     @app.post("/login", include_in_schema=False)
@@ -197,21 +211,54 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         token = fields.get("token", "").strip()
         target = _safe_next(fields.get("next", "/"))
         try:
-            authenticate({"authorization": f"Bearer {token}"}, rt.tokens, rt.oidc)
+            found = authenticate({"authorization": f"Bearer {token}"}, rt.tokens, rt.oidc)
         except AuthError:
+            method = "oidc" if rt.oidc is not None and looks_like_jwt(token) else "token"
+            rt.identity.login_failed(method, time.time_ns(), credential=token, directory=rt.tokens)
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
             return page(
                 request, "login.html", session, None, 401, next=target, message=message,
                 sso=sso_name(rt),
             )  # fmt: skip
+        owed = owed_factor(rt, found)
+        if owed is not None:  # not signed in yet: the second factor comes first
+            where = "/login/mfa" if owed == "verify" else "/mfa"
+            response = RedirectResponse(f"{where}?next={quote(target, safe='')}", status_code=303)
+            return set_session(response, request, new_session(token, owed))
+        rt.identity.login(found, found.kind, time.time_ns())
         response = RedirectResponse(target, status_code=303)
         return set_session(response, request, new_session(token))  # a fresh CSRF token too
 
     @app.post("/logout", include_in_schema=False)
     async def logout(request: Request, _: Annotated[None, public]) -> Response:
         await form_of(request)
+        session = session_of(request)
+        if session is not None and session.token is not None:
+            try:
+                found = authenticate(
+                    {"authorization": f"Bearer {session.token}"}, rt.tokens, rt.oidc
+                )
+            except AuthError:
+                found = None  # the token ended already: nobody to sign out
+            if found is not None:
+                now = time.time_ns()
+                record = rt.store.find_token(found.token_id) if found.kind == "token" else None
+                # an SSO session's own token (it has an owner and an end) dies with the session
+                revoked = bool(
+                    record is not None
+                    and record.owner is not None
+                    and record.expires_ns is not None
+                    and rt.store.revoke_token(found.token_id, now, actor=found.label)
+                )
+                rt.identity.logout(found, now, revoked=revoked)
         return set_session(RedirectResponse("/login", status_code=303), request, new_session())
+
+    add_saml_routes(app, rt, public, set_session, _safe_next)
+    add_mfa_routes(app, rt, public=public, decides=decides, page=page, form_of=form_of,
+                   session_of=session_of, set_session=set_session, safe_next=_safe_next)  # fmt: skip
+    add_webauthn_routes(app, rt, public=public, decides=decides, session_of=session_of,
+                        set_session=set_session, safe_next=_safe_next)  # fmt: skip
 
     # --- pages -------------------------------------------------------------------------------
 

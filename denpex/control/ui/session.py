@@ -35,6 +35,14 @@ class LoginRequired(Exception):
     """No session, an expired one, or a token the directory no longer accepts."""
 
 
+class MfaPending(Exception):
+    """A session whose second factor is still to be given (`/login/mfa`) or enrolled (`/mfa`)."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(target)
+        self.target = target
+
+
 class CsrfRefused(Exception):
     """A state-changing request without the session's CSRF token."""
 
@@ -52,6 +60,8 @@ class UiError(Exception):
 class Session:
     csrf: str
     token: str | None = None  # None: a visitor who has not logged in yet
+    mfa: str | None = None  # "verify" or "enrol": the token is good, its second factor owed
+    challenge: str | None = None  # the WebAuthn challenge this session was given (base64url)
 
 
 class SessionCodec:
@@ -73,7 +83,9 @@ class SessionCodec:
             return self._fernet
 
     def seal(self, session: Session) -> str:
-        body = jsonio.dumps({"c": session.csrf, "t": session.token})
+        body = jsonio.dumps(
+            {"c": session.csrf, "t": session.token, "m": session.mfa, "w": session.challenge}
+        )
         return self._key().encrypt(body).decode()
 
     def seal_data(self, data: dict[str, Any]) -> str:
@@ -99,12 +111,17 @@ class SessionCodec:
             return None
         if not isinstance(raw, dict) or not isinstance(raw.get("c"), str):
             return None
-        token = raw.get("t")
-        return Session(raw["c"], token if isinstance(token, str) else None)
+        token, owed, challenge = raw.get("t"), raw.get("m"), raw.get("w")
+        return Session(
+            raw["c"],
+            token if isinstance(token, str) else None,
+            owed if owed in ("verify", "enrol") else None,
+            challenge if isinstance(challenge, str) else None,
+        )
 
 
-def new_session(token: str | None = None) -> Session:
-    return Session(secrets.token_urlsafe(32), token)
+def new_session(token: str | None = None, mfa: str | None = None) -> Session:
+    return Session(secrets.token_urlsafe(32), token, mfa)
 
 
 class PageDecides(Decides):
@@ -120,9 +137,11 @@ class PageDecides(Decides):
         *,
         public: bool = False,
         also: tuple[str, ...] = (),
+        enrolling: bool = False,
     ) -> None:
         super().__init__(rt, action, public=public, also=also)
         self.codec = codec
+        self.enrolling = enrolling  # a page a session owing its enrolment may see
 
     def __call__(self, request: Request) -> Principal | None:
         session = self.codec.open(request.cookies.get(COOKIE))
@@ -133,6 +152,10 @@ class PageDecides(Decides):
                 return None
             if session is None or session.token is None:
                 raise LoginRequired()
+            if session.mfa == "verify":
+                raise MfaPending("/login/mfa")
+            if session.mfa == "enrol" and not self.enrolling:
+                raise MfaPending("/mfa")
             try:
                 found = authenticate(
                     {"authorization": f"Bearer {session.token}"}, self.rt.tokens, self.rt.oidc
