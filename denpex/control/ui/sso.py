@@ -24,6 +24,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from denpex.control.ui.action_routes import PageKit
 from denpex.control.ui.session import SessionCodec, UiError, new_session, safe_next
+from denpex.enterprise.auth import Principal
 from denpex.enterprise.oidc import OidcError, OidcVerifier
 from denpex.enterprise.oidc_login import pkce_pair, token_request
 
@@ -169,6 +170,7 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
             tenant, role = verifier.binding(identity)
         except (OidcError, KeyError) as exc:
             log.warning("single sign-on refused: %s", exc)
+            rt.identity.login_failed("oidc", time.time_ns())
             return refused(
                 request,
                 403,
@@ -178,6 +180,9 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
                 next_path,
             )
         log.info("single sign-on: oidc:%s as %s in %s", identity.subject, role, tenant)
+        principal = Principal(tenant, role, identity.subject, kind="oidc")
+        # raises when the record cannot be written: no unaudited way in
+        rt.identity.login(principal, "oidc", time.time_ns())
         session = new_session(id_token)
         # A plain page that moves on by itself: after a redirect chain that began at the
         # provider (another site), the browser would hold back the SameSite=Strict session
