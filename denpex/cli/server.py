@@ -74,8 +74,8 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "--remediation-backend",
-        choices=("slurm",),
-        help="let the leader run remediation plans on this scheduler (default: plans are "
+        choices=("slurm", "kubernetes"),
+        help="let the leader run remediation plans on this scheduler or cluster (default: plans are "
         "proposed and recorded, never run)",
     )
     parser.add_argument(

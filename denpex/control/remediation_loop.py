@@ -16,23 +16,25 @@ from collections.abc import Callable, Sequence
 from denpex.control.db import Database
 from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Fence, Fenced, Store
+from denpex.remediation import diagnostics, guards
 from denpex.remediation import executor as ex
-from denpex.remediation import guards
 from denpex.remediation.backend import Backend, BackendError
+from denpex.remediation.kube import KubernetesBackend
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
 
 log = logging.getLogger("denpex.server.remediation")
-BACKENDS = ("slurm",)
+BACKENDS = ("slurm", "kubernetes")
 
 
 def make_backend(name: str | None, diagnostics_command: Sequence[str] | None) -> Backend | None:
     if not name:
         return None
+    command = tuple(diagnostics_command or diagnostics.DEFAULT_COMMAND)
     if name == "slurm":
-        if diagnostics_command:
-            return SlurmBackend(diagnostics_command=diagnostics_command)
-        return SlurmBackend()
+        return SlurmBackend(diagnostics_command=command)
+    if name == "kubernetes":  # in-cluster credentials, else $KUBECONFIG / ~/.kube/config
+        return KubernetesBackend(diagnostics_command=command)
     raise ValueError(f"unknown remediation backend {name!r} (one of {', '.join(BACKENDS)})")
 
 
