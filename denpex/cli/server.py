@@ -74,9 +74,15 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "--remediation-backend",
-        choices=("slurm", "kubernetes"),
+        choices=("slurm", "kubernetes", "webhook"),
         help="let the leader run remediation plans on this scheduler or cluster (default: plans are "
         "proposed and recorded, never run)",
+    )
+    parser.add_argument(
+        "--remediation-webhook-url",
+        metavar="URL",
+        help="with --remediation-backend webhook: POST each plan step here, signed with the "
+        "secret in DENPEX_REMEDIATION_WEBHOOK_SECRET",
     )
     parser.add_argument(
         "--diagnostics-command",
@@ -219,6 +225,7 @@ def handle(args: argparse.Namespace) -> int:
         oidc=_oidc(args),
         kms_url=args.kms,
         remediation_backend=args.remediation_backend,
+        remediation_webhook_url=args.remediation_webhook_url,
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
         if args.diagnostics_command
         else None,

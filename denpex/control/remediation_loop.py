@@ -9,6 +9,7 @@ It must never propose or run anything while this replica is not the leader.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,12 +23,18 @@ from denpex.remediation.backend import Backend, BackendError
 from denpex.remediation.kube import KubernetesBackend
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
+from denpex.remediation.webhook import WebhookBackend
 
 log = logging.getLogger("denpex.server.remediation")
-BACKENDS = ("slurm", "kubernetes")
+BACKENDS = ("slurm", "kubernetes", "webhook")
+WEBHOOK_SECRET_ENV = "DENPEX_REMEDIATION_WEBHOOK_SECRET"  # never on a command line
 
 
-def make_backend(name: str | None, diagnostics_command: Sequence[str] | None) -> Backend | None:
+def make_backend(
+    name: str | None,
+    diagnostics_command: Sequence[str] | None,
+    webhook_url: str | None = None,
+) -> Backend | None:
     if not name:
         return None
     command = tuple(diagnostics_command or diagnostics.DEFAULT_COMMAND)
@@ -35,6 +42,11 @@ def make_backend(name: str | None, diagnostics_command: Sequence[str] | None) ->
         return SlurmBackend(diagnostics_command=command)
     if name == "kubernetes":  # in-cluster credentials, else $KUBECONFIG / ~/.kube/config
         return KubernetesBackend(diagnostics_command=command)
+    if name == "webhook":
+        if not webhook_url:
+            raise ValueError("the webhook backend needs --remediation-webhook-url")
+        secret = os.environ.get(WEBHOOK_SECRET_ENV)
+        return WebhookBackend(webhook_url, secret=secret.encode() if secret else None)
     raise ValueError(f"unknown remediation backend {name!r} (one of {', '.join(BACKENDS)})")
 
 

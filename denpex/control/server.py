@@ -67,6 +67,7 @@ class ServerOptions:
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
+    remediation_webhook_url: str | None = None  # the webhook backend's receiver
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -129,7 +130,11 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_retention = 0.0
-        self.backend = make_backend(options.remediation_backend, options.diagnostics_command)
+        self.backend = make_backend(
+            options.remediation_backend,
+            options.diagnostics_command,
+            options.remediation_webhook_url,
+        )
         self.remediation = RemediationThread(
             RemediationPass(self.db, self.store, self.backend),
             self.store.tenants,
