@@ -11,13 +11,51 @@ its attachments.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from denpex.remediation import delivery
 
-if TYPE_CHECKING:
-    from denpex.remediation.notify import Channel, Notice
+
+class Channel(Protocol):
+    """What of a notify.Channel the hand-off reads."""
+
+    url: str
+    secret: bytes | None
+    options: Mapping[str, Any]
+
+
+class Notice(Protocol):
+    """What of a notify.Notice (frozen) the hand-off reads."""
+
+    @property
+    def summary(self) -> str: ...
+
+    @property
+    def host(self) -> str: ...
+
+    @property
+    def category(self) -> str: ...
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def incident_id(self) -> int | None: ...
+
+    @property
+    def plan_id(self) -> int | None: ...
+
+    @property
+    def link(self) -> str | None: ...
+
+    @property
+    def serials(self) -> Sequence[str]: ...
+
+    @property
+    def evidence(self) -> Mapping[str, str]: ...
+
+    def dedup_key(self) -> str: ...
 
 
 def issue_fields(notice: Notice, project: str, issue_type: str) -> dict[str, Any]:
