@@ -32,7 +32,7 @@ from denpex.remediation.backend import (
     Target,
     result,
 )
-from denpex.remediation.kube_pods import Pods, evict_all, evictable, pod_key
+from denpex.remediation.kube_pods import Pods, checkpoint_pods, evict_all, evictable, pod_key
 
 
 @cache
@@ -349,55 +349,19 @@ class KubernetesBackend(Backend):
         """Ask each opted-in pod to checkpoint (annotation `requested`), wait up to `budget_s`
         for each to answer with `saved` = <step>@<ns> later than the request."""
         started = time.time_ns()
-        keys = settings()["checkpoint"]
-        pods = self.pods(target.host, budget_s).running()
-        opted = [p for p in pods if (p.metadata.annotations or {}).get(keys["opt_in"]) == "true"]
-        api = self.api()
-        for pod in opted:
-            self._call(
-                f"annotate pod {pod_key(pod)}",
-                api.patch_namespaced_pod,
-                pod.metadata.name,
-                pod.metadata.namespace,
-                {"metadata": {"annotations": {keys["requested"]: str(started)}}},
-                _request_timeout=budget_s,
-            )
-        completed: dict[str, str | None] = {pod_key(p): None for p in opted}
-        deadline = time.monotonic() + budget_s
-        while opted and time.monotonic() < deadline and not all(completed.values()):
-            for pod in opted:
-                if completed[pod_key(pod)]:
-                    continue
-                now = self._call(
-                    f"read pod {pod_key(pod)}",
-                    api.read_namespaced_pod,
-                    pod.metadata.name,
-                    pod.metadata.namespace,
-                    _request_timeout=budget_s,
-                )
-                saved = (now.metadata.annotations or {}).get(keys["saved"], "")
-                _step, _, at = saved.partition("@")
-                if at.isdigit() and int(at) >= started:
-                    completed[pod_key(pod)] = saved
-            if not all(completed.values()):
-                self.sleep(0.2)
-        done = [k for k, v in completed.items() if v]
-        skipped = sorted(pod_key(p) for p in pods if p not in opted)
+        record = checkpoint_pods(
+            self, target.host, settings()["checkpoint"], budget_s=budget_s, sleep=self.sleep
+        )
+        asked, done = record["asked"], [k for k, v in record["completed"].items() if v]
         return result(
             Operation.CHECKPOINT,
             target,
             started,
-            ok=len(done) == len(opted),
-            changed=bool(opted),
-            detail=f"checkpoint asked of {len(opted)} pod(s) on {target.host}, "
+            ok=len(done) == len(asked),
+            changed=bool(asked),
+            detail=f"checkpoint asked of {len(asked)} pod(s) on {target.host}, "
             f"{len(done)} saved in budget",
-            record={
-                "asked": sorted(completed),
-                "completed": completed,
-                "not_opted_in": skipped,
-                "seconds": round((time.time_ns() - started) / 1e9, 3),
-                "budget_s": budget_s,
-            },
+            record=record,
         )
 
     def evict(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:

@@ -1,6 +1,7 @@
-"""Which pods of a Kubernetes node a drain moves, and the eviction loop itself: one
-policy/v1 Eviction per pod, a 429 (a PodDisruptionBudget forbids the disruption now) asked
-again after Retry-After until the step's timeout, then a wait until the evicted pods are gone.
+"""Which pods of a Kubernetes node a drain moves, the pre-stop checkpoint handshake with
+them (pod annotations), and the eviction loop: one policy/v1 Eviction per pod, a 429 (a
+PodDisruptionBudget forbids the disruption now) asked again after Retry-After until the
+step's timeout, then a wait until the evicted pods are gone.
 
 It must never delete a pod directly nor retry a refusal other than 429: a 500 (a pod covered
 by several budgets) or a 403 is reported as it is. DaemonSet pods and static (mirror) pods are
@@ -10,7 +11,7 @@ left, as `kubectl drain` leaves them; pods without a controller only when the da
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,6 +62,59 @@ class NodeAccess(Protocol):
     def api(self) -> Any: ...
 
     def pods(self, host: str, timeout_s: float) -> Pods: ...
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any: ...
+
+
+def checkpoint_pods(
+    backend: NodeAccess,
+    host: str,
+    keys: Mapping[str, str],
+    *,
+    budget_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The pre-stop handshake: annotate each opted-in pod of `host` with `requested` (ns)
+    and wait up to `budget_s` for each to answer `saved` = <step>@<ns> after the request."""
+    started = time.time_ns()
+    pods = backend.pods(host, budget_s).running()
+    opted = [p for p in pods if (p.metadata.annotations or {}).get(keys["opt_in"]) == "true"]
+    api = backend.api()
+    for pod in opted:
+        backend._call(
+            f"annotate pod {pod_key(pod)}",
+            api.patch_namespaced_pod,
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {"metadata": {"annotations": {keys["requested"]: str(started)}}},
+            _request_timeout=budget_s,
+        )
+    completed: dict[str, str | None] = {pod_key(p): None for p in opted}
+    deadline = time.monotonic() + budget_s
+    while opted and time.monotonic() < deadline and not all(completed.values()):
+        for pod in opted:
+            if completed[pod_key(pod)]:
+                continue
+            now = backend._call(
+                f"read pod {pod_key(pod)}",
+                api.read_namespaced_pod,
+                pod.metadata.name,
+                pod.metadata.namespace,
+                _request_timeout=budget_s,
+            )
+            saved = (now.metadata.annotations or {}).get(keys["saved"], "")
+            _step, _, at = saved.partition("@")
+            if at.isdigit() and int(at) >= started:
+                completed[pod_key(pod)] = saved
+        if not all(completed.values()):
+            sleep(0.2)
+    return {
+        "asked": sorted(completed),
+        "completed": completed,
+        "not_opted_in": sorted(pod_key(p) for p in pods if p not in opted),
+        "seconds": round((time.time_ns() - started) / 1e9, 3),
+        "budget_s": budget_s,
+    }
 
 
 def _retry_after(exc: Any, default: float) -> float:
