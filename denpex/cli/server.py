@@ -7,6 +7,8 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from denpex.cli.common import UsageError, db_option, db_url, open_store
 
@@ -83,6 +85,12 @@ def add_parser(commands) -> None:
         metavar="URL",
         help="with --remediation-backend webhook: POST each plan step here, signed with the "
         "secret in DENPEX_REMEDIATION_WEBHOOK_SECRET",
+    )
+    parser.add_argument(
+        "--notify",
+        metavar="FILE",
+        help="remediation notices to these channels (YAML: channels: NAME: {type: slack|"
+        "pagerduty|webhook|jira|rma_webhook, url, secret_env, routing_key_env, kinds})",
     )
     parser.add_argument(
         "--diagnostics-command",
@@ -226,6 +234,7 @@ def handle(args: argparse.Namespace) -> int:
         kms_url=args.kms,
         remediation_backend=args.remediation_backend,
         remediation_webhook_url=args.remediation_webhook_url,
+        notify_channels=_notify(args.notify),
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
         if args.diagnostics_command
         else None,
@@ -309,6 +318,19 @@ def _oidc(args: argparse.Namespace):
         return OidcConfig.load(path)
     except OidcConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _notify(path: str | None) -> tuple[Any, ...]:
+    if not path:
+        return ()
+    import yaml
+
+    from denpex.remediation.notify import load_channels
+
+    try:
+        return tuple(load_channels(yaml.safe_load(Path(path).read_text()) or {}))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"--notify {path}: {exc}") from None
 
 
 def _topology(path: str | None) -> dict:

@@ -21,6 +21,8 @@ from denpex.remediation import diagnostics, guards
 from denpex.remediation import executor as ex
 from denpex.remediation.backend import Backend, BackendError
 from denpex.remediation.kube import KubernetesBackend
+from denpex.remediation.notify import Notifier
+from denpex.remediation.notify_log import NotifyingLog
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
 from denpex.remediation.webhook import WebhookBackend
@@ -51,10 +53,17 @@ def make_backend(
 
 
 class RemediationPass:
-    def __init__(self, db: Database, store: Store, backend: Backend | None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: Store,
+        backend: Backend | None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.db = db
         self.store = store
         self.backend = backend
+        self.notifier = notifier  # notices of every step (Slack, PagerDuty, webhooks, RMA)
         self._examined: dict[tuple[str, int], int] = {}
 
     def tenant_pass(self, tenant: str, fence: Fence, now_ns: int) -> int:
@@ -72,7 +81,8 @@ class RemediationPass:
         if self.backend is None:
             return 0
         taken = 0
-        executor = ex.Executor(self.backend, rs, policy)
+        log: ex.PlanLog = NotifyingLog(rs, self.notifier) if self.notifier else rs
+        executor = ex.Executor(self.backend, log, policy)
         for record in rs.active_plans():
             after = executor.run(record, time.time_ns())
             taken += after.state != record.state

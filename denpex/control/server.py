@@ -47,6 +47,7 @@ from denpex.enterprise import (
     load_policies,
     open_kms,
 )
+from denpex.remediation.notify import Notifier
 
 log = logging.getLogger("denpex.server")
 
@@ -68,6 +69,7 @@ class ServerOptions:
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
     remediation_webhook_url: str | None = None  # the webhook backend's receiver
+    notify_channels: tuple[Any, ...] = ()  # notify.Channel: where remediation notices go
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -136,7 +138,12 @@ class Runtime:
             options.remediation_webhook_url,
         )
         self.remediation = RemediationThread(
-            RemediationPass(self.db, self.store, self.backend),
+            RemediationPass(
+                self.db,
+                self.store,
+                self.backend,
+                Notifier(options.notify_channels) if options.notify_channels else None,
+            ),
             self.store.tenants,
             self._leading_fence,
             options.loop_interval_s,

@@ -241,3 +241,45 @@ def test_rma_ticket_in_jira_with_serials_and_evidence_opened_once(jira):
     assert names == ["incident.json", "nvidia-smi-q.txt"]
     notifier.close()
     again.close()
+
+
+def test_the_executor_notifies_each_step_and_the_end_of_the_plan():
+    from denpex.remediation.backend import Target, TargetKind
+    from denpex.remediation.executor import ACTIVE, Executor, PlanRecord
+    from denpex.remediation.machine import State, plan_steps
+    from denpex.remediation.notify_log import NotifyingLog
+    from denpex.remediation.plan import Plan
+    from denpex.remediation.policy import Tier, parse_policy
+    from denpex.remediation.webhook import WebhookBackend
+    from tests.remediation.test_executor import MemoryLog
+    from tests.remediation.test_webhook import SECRET as SITE_SECRET
+    from tests.remediation.test_webhook import SiteTool
+
+    kinds: list[str] = []
+
+    def hook(got: Received):
+        kinds.append(jsonio.loads(got.body)["kind"])
+        return 200, {}, b""
+
+    target = Target(TargetKind.HOST, "bm7", None, "rack3")
+    plan = Plan(
+        9,
+        "gpu.fallen_off_bus",
+        "job_root_cause",
+        target,
+        ("retry_job",),
+        plan_steps(["retry_job"]),
+        "",
+    )
+    with Receiver(SiteTool()) as site, Receiver(hook) as rx:
+        every = tuple(sorted({"step.finished", "plan.done", "plan.waiting"}))
+        notifier = Notifier([Channel("all", "webhook", rx.url, every)], sleep=lambda s: None)
+        log = NotifyingLog(MemoryLog(), notifier, link="https://denpex.example/ui")
+        backend = WebhookBackend(site.url, secret=SITE_SECRET, sleep=lambda s: None)
+        approve = PlanRecord(1, "t", plan, Tier.APPROVE, State.REROUTE, ACTIVE, None, None)
+        Executor(backend, log, parse_policy({"tier": "approve"})).run(approve, time.time_ns())
+        auto = PlanRecord(2, "t", plan, Tier.AUTOREMEDIATE, State.REROUTE, ACTIVE, None, None)
+        Executor(backend, log, parse_policy({"tier": "autoremediate"})).run(auto, time.time_ns())
+        assert notifier.flush(30)
+        notifier.close()
+    assert kinds == ["plan.waiting", "step.finished", "plan.done"]
