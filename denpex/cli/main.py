@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         explain,
         fabric,
         login,
+        node_check,
         policy,
         remediate,
         run,
@@ -75,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     compliance.add_parser(commands)
     audit.add_parser(commands)
     remediate.add_parser(commands)
+    node_check.add_parser(commands)
     return parser
 
 

@@ -7,6 +7,8 @@ import argparse
 import shlex
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from denpex.cli.common import UsageError, db_option, db_url, open_store
 
@@ -80,9 +82,21 @@ def add_parser(commands) -> None:
     )
     parser.add_argument(
         "--remediation-backend",
-        choices=("slurm",),
-        help="let the leader run remediation plans on this scheduler (default: plans are "
+        choices=("slurm", "kubernetes", "webhook"),
+        help="let the leader run remediation plans on this scheduler or cluster (default: plans are "
         "proposed and recorded, never run)",
+    )
+    parser.add_argument(
+        "--remediation-webhook-url",
+        metavar="URL",
+        help="with --remediation-backend webhook: POST each plan step here, signed with the "
+        "secret in DENPEX_REMEDIATION_WEBHOOK_SECRET",
+    )
+    parser.add_argument(
+        "--notify",
+        metavar="FILE",
+        help="remediation notices to these channels (YAML: channels: NAME: {type: slack|"
+        "pagerduty|webhook|jira|rma_webhook, url, secret_env, routing_key_env, kinds})",
     )
     parser.add_argument(
         "--diagnostics-command",
@@ -232,6 +246,8 @@ def handle(args: argparse.Namespace) -> int:
         saml=_saml(args),
         kms_url=args.kms,
         remediation_backend=args.remediation_backend,
+        remediation_webhook_url=args.remediation_webhook_url,
+        notify_channels=_notify(args.notify),
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
         if args.diagnostics_command
         else None,
@@ -329,6 +345,19 @@ def _saml(args: argparse.Namespace):
         return SamlConfig.load(path)
     except SamlConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _notify(path: str | None) -> tuple[Any, ...]:
+    if not path:
+        return ()
+    import yaml
+
+    from denpex.remediation.notify import load_channels
+
+    try:
+        return tuple(load_channels(yaml.safe_load(Path(path).read_text()) or {}))
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"--notify {path}: {exc}") from None
 
 
 def _topology(path: str | None) -> dict:

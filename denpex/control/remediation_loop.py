@@ -9,6 +9,7 @@ It must never propose or run anything while this replica is not the leader.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -16,31 +17,53 @@ from collections.abc import Callable, Sequence
 from denpex.control.db import Database
 from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Fence, Fenced, Store
+from denpex.remediation import diagnostics, guards
 from denpex.remediation import executor as ex
-from denpex.remediation import guards
 from denpex.remediation.backend import Backend, BackendError
+from denpex.remediation.kube import KubernetesBackend
+from denpex.remediation.notify import Notifier
+from denpex.remediation.notify_log import NotifyingLog
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
+from denpex.remediation.webhook import WebhookBackend
 
 log = logging.getLogger("denpex.server.remediation")
-BACKENDS = ("slurm",)
+BACKENDS = ("slurm", "kubernetes", "webhook")
+WEBHOOK_SECRET_ENV = "DENPEX_REMEDIATION_WEBHOOK_SECRET"  # never on a command line
 
 
-def make_backend(name: str | None, diagnostics_command: Sequence[str] | None) -> Backend | None:
+def make_backend(
+    name: str | None,
+    diagnostics_command: Sequence[str] | None,
+    webhook_url: str | None = None,
+) -> Backend | None:
     if not name:
         return None
+    command = tuple(diagnostics_command or diagnostics.DEFAULT_COMMAND)
     if name == "slurm":
-        if diagnostics_command:
-            return SlurmBackend(diagnostics_command=diagnostics_command)
-        return SlurmBackend()
+        return SlurmBackend(diagnostics_command=command)
+    if name == "kubernetes":  # in-cluster credentials, else $KUBECONFIG / ~/.kube/config
+        return KubernetesBackend(diagnostics_command=command)
+    if name == "webhook":
+        if not webhook_url:
+            raise ValueError("the webhook backend needs --remediation-webhook-url")
+        secret = os.environ.get(WEBHOOK_SECRET_ENV)
+        return WebhookBackend(webhook_url, secret=secret.encode() if secret else None)
     raise ValueError(f"unknown remediation backend {name!r} (one of {', '.join(BACKENDS)})")
 
 
 class RemediationPass:
-    def __init__(self, db: Database, store: Store, backend: Backend | None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        store: Store,
+        backend: Backend | None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self.db = db
         self.store = store
         self.backend = backend
+        self.notifier = notifier  # notices of every step (Slack, PagerDuty, webhooks, RMA)
         self._examined: dict[tuple[str, int], int] = {}
 
     def tenant_pass(self, tenant: str, fence: Fence, now_ns: int) -> int:
@@ -58,7 +81,8 @@ class RemediationPass:
         if self.backend is None:
             return 0
         taken = 0
-        executor = ex.Executor(self.backend, rs, policy)
+        log: ex.PlanLog = NotifyingLog(rs, self.notifier) if self.notifier else rs
+        executor = ex.Executor(self.backend, log, policy)
         for record in rs.active_plans():
             after = executor.run(record, time.time_ns())
             taken += after.state != record.state

@@ -354,6 +354,8 @@ class RemediationStore:
                     "status": status,
                     "detail": result.get("detail") or result.get("error"),
                     "changed": result.get("changed"),
+                    # what a remote party (a webhook receiver) answered, as it answered it
+                    "answer": (result.get("record") or {}).get("answer"),
                 },
             )
 

@@ -52,6 +52,7 @@ from denpex.enterprise import (
 )
 from denpex.enterprise.oidc import Mapping_
 from denpex.enterprise.saml import SamlConfig, SamlServiceProvider
+from denpex.remediation.notify import Notifier
 
 log = logging.getLogger("denpex.server")
 
@@ -73,6 +74,8 @@ class ServerOptions:
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
+    remediation_webhook_url: str | None = None  # the webhook backend's receiver
+    notify_channels: tuple[Any, ...] = ()  # notify.Channel: where remediation notices go
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -143,9 +146,18 @@ class Runtime:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_retention = 0.0
-        self.backend = make_backend(options.remediation_backend, options.diagnostics_command)
+        self.backend = make_backend(
+            options.remediation_backend,
+            options.diagnostics_command,
+            options.remediation_webhook_url,
+        )
         self.remediation = RemediationThread(
-            RemediationPass(self.db, self.store, self.backend),
+            RemediationPass(
+                self.db,
+                self.store,
+                self.backend,
+                Notifier(options.notify_channels) if options.notify_channels else None,
+            ),
             self.store.tenants,
             self._leading_fence,
             options.loop_interval_s,

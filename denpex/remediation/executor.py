@@ -14,10 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from denpex.remediation import guards
-from denpex.remediation.backend import Backend, BackendError, BackendTimeout, reason_text
+from denpex.remediation.backend import (
+    Backend,
+    BackendError,
+    BackendTimeout,
+    Operation,
+    reason_text,
+)
 from denpex.remediation.machine import Event, State, advance, info
 from denpex.remediation.plan import Plan
 from denpex.remediation.policy import Decision, Policy, Tier, decide
+from denpex.remediation.spares import SparePool
 
 ACTIVE, WAITING, HELD = "active", "waiting", "held"
 DONE, FAILED, REJECTED = "done", "failed", "rejected"
@@ -81,10 +88,13 @@ def first_state(plan: Plan) -> State:
 
 
 class Executor:
-    def __init__(self, backend: Backend, log: PlanLog, policy: Policy) -> None:
+    def __init__(
+        self, backend: Backend, log: PlanLog, policy: Policy, *, spares: SparePool | None = None
+    ) -> None:
         self.backend = backend
         self.log = log
         self.policy = policy
+        self.spares = spares  # reroute takes a validated warm spare from here, when given
 
     def params(self, record: PlanRecord, state: State) -> dict[str, Any]:
         plan = record.plan
@@ -139,10 +149,21 @@ class Executor:
         op = info(state).op
         assert op is not None  # every non-terminal state past `detected` has one (machine.py)
         self.log.begin_step(record, state, now_ns)
+        params = self.params(record, state)
+        spare: dict[str, Any] | None = None
         try:
-            outcome = self.backend.perform(op, plan.target, self.params(record, state))
+            if op is Operation.REQUEUE and self.spares is not None:
+                taken = self.spares.take(
+                    plan.target.pool, exclude=[plan.target.host], reason=params["reason"]
+                )
+                spare = {"host": taken.host if taken else None}
+                if taken:
+                    spare["preflight"] = taken.results
+            outcome = self.backend.perform(op, plan.target, params)
             event = Event.OK if outcome.ok else Event.FAILED
             result: dict[str, Any] = outcome.to_dict()
+            if spare is not None:
+                result["spare"] = spare
         except BackendTimeout as exc:
             event, result = Event.TIMEOUT, {"error": str(exc)}
         except BackendError as exc:

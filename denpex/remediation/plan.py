@@ -28,7 +28,7 @@ class Proposal:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    incident_id: int
+    incident_id: int | None  # None: a node-local plan (node_check), no incident stored
     category: str
     rule: str
     target: Target

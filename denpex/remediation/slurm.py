@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from denpex.core import jsonio
+from denpex.remediation import diagnostics
 from denpex.remediation.backend import (
     REASON_PREFIX,
     Backend,
@@ -36,7 +37,6 @@ EVICTED_COMMENT = "denpex: evicted from "
 # (`sbatch --comment=denpex:checkpoint`, which the SDK's dx.watch does) are signalled
 CHECKPOINT_OPT_IN = "denpex:checkpoint"
 DRAIN_FLAGS = {"DRAIN", "DRAINING", "DRAINED"}
-DEFAULT_DIAGNOSTICS = ("dcgmi", "diag", "--host", "{host}", "-r", "{level}")
 
 
 class SlurmBackend(Backend):
@@ -46,7 +46,7 @@ class SlurmBackend(Backend):
         self,
         *,
         env: Mapping[str, str] | None = None,
-        diagnostics_command: Sequence[str] = DEFAULT_DIAGNOSTICS,
+        diagnostics_command: Sequence[str] = diagnostics.DEFAULT_COMMAND,
     ) -> None:
         self.env = dict(os.environ if env is None else env)
         self.diagnostics_command = tuple(diagnostics_command)
@@ -281,23 +281,12 @@ class SlurmBackend(Backend):
         )
 
     def run_diagnostics(self, target: Target, *, level: int, timeout_s: float) -> StepResult:
-        started = time.time_ns()
-        argv = [a.format(host=target.host, level=level) for a in self.diagnostics_command]
-        done = self._run(argv, timeout_s)
-        passed = done.returncode == 0
-        return result(
-            Operation.DIAGNOSTICS,
+        return diagnostics.run(
             target,
-            started,
-            ok=passed,
-            changed=True,
-            detail=f"{' '.join(argv)}: {'passed' if passed else f'failed ({done.returncode})'}",
-            record={
-                "command": argv,
-                "returncode": done.returncode,
-                "output": (done.stdout + done.stderr)[-4000:],
-                "level": level,
-            },
+            level=level,
+            timeout_s=timeout_s,
+            command=self.diagnostics_command,
+            env=self.env,
         )
 
     def resume(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import shutil
 import subprocess
 import time
@@ -356,13 +357,16 @@ def test_healthcheck_dry_run(bundle, tmp_path):
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "SLURMD_NODENAME": "n1"},
+        env={
+            **os.environ,
+            "SLURMD_NODENAME": "n1",
+            "DENPEX": str(Path(sys.executable).with_name("denpex")),
+        },
     )
-    assert time.monotonic() - start < 10
-    assert proc.returncode == 1
-    assert (
-        "scontrol update nodename=n1 state=drain reason=denpex: gpu.fallen_off_bus" in proc.stderr
-    )
+    assert time.monotonic() - start < 15
+    assert proc.returncode == 1, proc.stderr
+    # the finding goes to the remediation engine; the packaged policy (Observe) only records
+    assert "n1 gpu.fallen_off_bus under tier observe: cordon: record" in proc.stderr
     healthy = tmp_path / "healthy.json"
     healthy.write_text('{"host": "n1", "evidence": []}\n')
     ok = subprocess.run(["bash", str(script), "--dry-run", "--input", str(healthy)], timeout=30)

@@ -1,0 +1,267 @@
+"""Notifications of remediation as outgoing webhooks in each receiver's own payload shape:
+a Slack incoming webhook (text + Block Kit), PagerDuty Events API v2 (trigger / acknowledge /
+resolve, dedup_key = the incident), a generic signed JSON notice, and the RMA hand-off
+(rma.py). Notices are queued and sent by one worker thread, retried with backoff
+(delivery.py), each delivered once (its key is remembered), failures counted.
+
+It must never block or fail a plan: submit() only queues; a receiver that is down costs
+retries and a counted failure, nothing else. The payload builders are pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from denpex.core.audit import canonical
+from denpex.remediation import delivery
+
+log = logging.getLogger("denpex.remediation.notify")
+CHANNEL_TYPES = ("slack", "pagerduty", "webhook", "jira", "rma_webhook")
+
+
+@cache
+def settings() -> Mapping[str, Any]:
+    text = resources.files("denpex.remediation").joinpath("notify.yaml").read_text()
+    return dict(yaml.safe_load(text))
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One thing a person may want to hear about a plan."""
+
+    kind: str  # a key of notify.yaml `kinds`
+    tenant: str
+    incident_id: int | None
+    plan_id: int | None
+    host: str
+    category: str
+    summary: str  # one line
+    severity: str = "error"  # denpex's word (notify.yaml maps it per receiver)
+    state: str | None = None  # the plan's step
+    details: Mapping[str, Any] = field(default_factory=dict)
+    link: str | None = None  # the plan in the UI
+    ts_ns: int = field(default_factory=time.time_ns)
+    serials: Sequence[str] = ()  # for RMA: the failing parts' serial numbers
+    evidence: Mapping[str, str] = field(default_factory=dict)  # for RMA: file name → text
+
+    def __post_init__(self) -> None:
+        if self.kind not in settings()["kinds"]:
+            raise ValueError(f"unknown notice kind {self.kind!r} (notify.yaml kinds)")
+
+    def key(self) -> str:
+        """The same notice has the same key however often it is submitted."""
+        body = asdict(self)
+        body.pop("ts_ns")
+        return hashlib.sha256(canonical(body)).hexdigest()[:32]
+
+    def dedup_key(self) -> str:
+        """PagerDuty's alert key: one alert per incident (or per plan without one)."""
+        ref = (
+            f"incident-{self.incident_id}"
+            if self.incident_id is not None
+            else f"plan-{self.plan_id}"
+        )
+        return f"denpex-{self.tenant}-{ref}"[:255]
+
+
+def _iso(ts_ns: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts_ns / 1e9))
+
+
+def slack_payload(notice: Notice) -> dict[str, Any]:
+    """A Slack incoming-webhook message: `text` (the fallback) and Block Kit blocks."""
+    facts = f"*host* `{notice.host}` · *category* `{notice.category}` · *tenant* {notice.tenant}"
+    if notice.state:
+        facts += f" · *step* {notice.state}"
+    context = f"denpex {notice.kind} · incident {notice.incident_id} · plan {notice.plan_id}"
+    blocks: list[dict[str, Any]] = [
+        {"type": "header", "text": {"type": "plain_text", "text": notice.summary[:150]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": facts[:3000]}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": context}]},
+    ]
+    if notice.link:
+        blocks.insert(
+            2,
+            {
+                "type": "section",
+                "text": {"type": "mrkdwn", "text": f"<{notice.link}|Open the plan>"},
+            },
+        )
+    return {"text": f"{notice.summary} ({notice.host})"[:3000], "blocks": blocks}
+
+
+def pagerduty_payload(notice: Notice, routing_key: str) -> dict[str, Any]:
+    """A PagerDuty Events API v2 event; trigger carries the payload, the others only the key."""
+    conf = settings()
+    action = conf["pagerduty_actions"][notice.kind]
+    event: dict[str, Any] = {
+        "routing_key": routing_key,
+        "event_action": action,
+        "dedup_key": notice.dedup_key(),
+    }
+    if action == "trigger":
+        event["payload"] = {
+            "summary": f"{notice.summary} ({notice.host})"[:1024],
+            "source": notice.host,
+            "severity": conf["pagerduty_severity"].get(notice.severity, "error"),
+            "timestamp": _iso(notice.ts_ns),
+            "component": notice.category,
+            "group": notice.tenant,
+            "class": notice.kind,
+            "custom_details": {
+                "plan": notice.plan_id,
+                "incident": notice.incident_id,
+                "step": notice.state,
+                **dict(notice.details),
+            },
+        }
+        event["client"] = "denpex"
+        if notice.link:
+            event["client_url"] = notice.link
+            event["links"] = [{"href": notice.link, "text": "the plan in denpex"}]
+    return event
+
+
+def generic_payload(notice: Notice) -> dict[str, Any]:
+    body = asdict(notice)
+    body["serials"] = list(notice.serials)
+    return {"schema": "denpex.notice/v1", **body}
+
+
+@dataclass
+class Channel:
+    """One receiver, from the --notify YAML: type, url, secret_env, routing_key_env, kinds."""
+
+    name: str
+    type: str
+    url: str
+    kinds: tuple[str, ...]
+    secret: bytes | None = None  # the HMAC key (webhook, rma_webhook) or the API token (jira)
+    routing_key: str | None = None  # pagerduty
+    options: Mapping[str, Any] = field(default_factory=dict)  # jira: project, issue_type
+
+    @classmethod
+    def from_dict(cls, name: str, data: Mapping[str, Any]) -> Channel:
+        kind = str(data.get("type", ""))
+        if kind not in CHANNEL_TYPES:
+            raise ValueError(f"notify channel {name}: type must be one of {CHANNEL_TYPES}")
+        url = str(data.get("url") or (settings()["pagerduty_url"] if kind == "pagerduty" else ""))
+        if not url:
+            raise ValueError(f"notify channel {name}: no url")
+        kinds = tuple(
+            data.get("kinds")
+            or (["rma"] if kind in ("jira", "rma_webhook") else settings()["default_kinds"])
+        )
+        unknown = set(kinds) - set(settings()["kinds"])
+        if unknown:
+            raise ValueError(f"notify channel {name}: unknown kinds {sorted(unknown)}")
+
+        def env(key: str) -> str | None:
+            var = data.get(key)
+            if var and var not in os.environ:
+                raise ValueError(f"notify channel {name}: ${var} is not set")
+            return os.environ[var] if var else None
+
+        secret = env("secret_env")
+        routing = env("routing_key_env")
+        if kind == "pagerduty" and not routing:
+            raise ValueError(f"notify channel {name}: pagerduty needs routing_key_env")
+        extra = {k: v for k, v in data.items() if k in ("project", "issue_type", "user")}
+        return cls(name, kind, url, kinds, secret.encode() if secret else None, routing, extra)
+
+
+def load_channels(data: Mapping[str, Any]) -> list[Channel]:
+    return [Channel.from_dict(str(n), c) for n, c in (data.get("channels") or {}).items()]
+
+
+def send(channel: Channel, notice: Notice, *, sleep: Callable[[float], None] = time.sleep) -> Any:
+    """Deliver one notice to one channel; the Delivery (or the RMA ticket's record)."""
+    key = f"{channel.name}-{notice.key()}"
+    if channel.type == "slack":
+        return delivery.post(channel.url, slack_payload(notice), delivery=key, sleep=sleep)
+    if channel.type == "pagerduty":
+        assert channel.routing_key is not None
+        payload = pagerduty_payload(notice, channel.routing_key)
+        return delivery.post(channel.url, payload, delivery=key, sleep=sleep)
+    if channel.type in ("webhook", "rma_webhook"):
+        payload = generic_payload(notice)
+        return delivery.post(channel.url, payload, delivery=key, secret=channel.secret, sleep=sleep)
+    from denpex.remediation import rma
+
+    return rma.open_jira_ticket(channel, notice, sleep=sleep)
+
+
+class Notifier:
+    """Queues notices and sends them from one worker thread; counts what happened."""
+
+    def __init__(
+        self, channels: Sequence[Channel], *, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.channels = list(channels)
+        self.sleep = sleep
+        self.counts = {"submitted": 0, "sent": 0, "failed": 0, "retries": 0, "duplicates": 0}
+        self.last: dict[str, Any] = {}  # channel name → the last delivery's record
+        self._sent: set[str] = set()
+        self._queue: queue.Queue[Notice | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="denpex-notify", daemon=True)
+        self._thread.start()
+
+    def submit(self, notice: Notice) -> None:
+        """Queue `notice` for every channel that wants its kind; never blocks, never raises."""
+        self.counts["submitted"] += 1
+        self._queue.put(notice)
+
+    def _work(self) -> None:
+        while (notice := self._queue.get()) is not None:
+            try:
+                for channel in self.channels:
+                    if notice.kind in channel.kinds:
+                        self._deliver(channel, notice)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _deliver(self, channel: Channel, notice: Notice) -> None:
+        key = f"{channel.name}-{notice.key()}"
+        if key in self._sent:
+            self.counts["duplicates"] += 1
+            return
+        try:
+            out = send(channel, notice, sleep=self.sleep)
+        except Exception as exc:  # a broken receiver must not stop the others
+            log.warning("notify %s: %s failed: %s", channel.name, notice.kind, exc)
+            self.counts["failed"] += 1
+            self.last[channel.name] = {"error": str(exc)}
+            return
+        record = out.to_dict() if hasattr(out, "to_dict") else dict(out)
+        self.last[channel.name] = record
+        self.counts["retries"] += max(0, len(record.get("attempts", [])) - 1)
+        if getattr(out, "ok", record.get("ok")):
+            self._sent.add(key)
+            self.counts["sent"] += 1
+        else:
+            self.counts["failed"] += 1
+            log.warning("notify %s: %s not delivered: %s", channel.name, notice.kind, record)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every queued notice was handled (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not self._queue.unfinished_tasks
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(10)
