@@ -247,7 +247,8 @@ def check_canary() -> str:
 
 
 def check_cupti() -> str:
-    """The CUPTI tracer, through dx.watch(..., cupti=True) only."""
+    """The CUPTI tracer on the real libcupti, through dx.watch(..., cupti=True) only: kernel
+    records arrive with names and durations, per step, and nothing is left in flight."""
     from denpex.sdk.watch import KNOWN_OPTIONS
 
     if "cupti" not in KNOWN_OPTIONS:
@@ -259,13 +260,28 @@ def check_cupti() -> str:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     got: list = []
     guard = dx.watch(model, optimizer, cupti=True, emit=got.append, progress=False)
+    tracer = guard.cupti
+    if tracer is None:
+        lost = [
+            e.attrs.get("reason") for e in got if getattr(e, "attrs", {}).get("check") == "cupti"
+        ]
+        raise Fail(f"the tracer did not start: {lost}")
     for _ in range(5):
         optimizer.zero_grad()
         model(torch.randn(8, 64, device="cuda")).sum().backward()
         optimizer.step()
+        torch.cuda.synchronize()
         guard.step()
+    steps = tracer.steps()
     guard.close()
-    return f"5 steps traced, {len(got)} item(s) emitted"
+    if tracer.kernels == 0 or len(steps) != 4:
+        raise Fail(f"{tracer.kernels} kernel record(s), {len(steps)} step(s) timed (want 4)")
+    if not all(s.kernels > 0 and s.compute_s > 0 for s in steps):
+        raise Fail(f"a step without kernel time: {steps}")
+    return (
+        f"CUPTI API {tracer.api_version}: {tracer.kernels} kernel(s) over 5 steps, "
+        f"{steps[-1].compute_s * 1e6:.0f} us of GPU time in the last, {tracer.dropped} dropped"
+    )
 
 
 OOM_JOB = """

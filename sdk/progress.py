@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from statistics import median
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -42,6 +42,17 @@ from denpex.series.throughput import ThroughputDrop
 log = logging.getLogger("denpex.sdk.progress")
 
 Emit = Callable[[Evidence | Event], None]
+
+
+class GpuActivity(Protocol):
+    """What a GPU tracer (sdk/cupti.py's CuptiFeed) tells the monitor: where the rank's GPU
+    waits (an NCCL kernel long in flight) and the GPU time of its last step."""
+
+    def place(self) -> tuple[str, str] | None: ...
+
+    def step_busy_s(self) -> float | None: ...
+
+
 KEY_PREFIX = "denpex/hb"
 _PARAMS_TIMED = 4  # backward ends when the first parameters get their gradients: hook a few
 
@@ -65,8 +76,10 @@ class ProgressMonitor:
         emit: Emit | None = None,
         host: str | None = None,
         options: Mapping[str, Any] | None = None,
+        gpu: GpuActivity | None = None,
     ) -> None:
         options = dict(options or {})
+        self._gpu = gpu
         self.thresholds = ProgressRules.from_options(options)
         self.rank = int(rank) if rank is not None else 0
         self.world_size = int(world_size) if world_size is not None else 1
@@ -134,6 +147,9 @@ class ProgressMonitor:
         busy = interval
         if self._step_started < self._grad_done <= now:
             busy = self._grad_done - self._step_started
+        gpu_busy = self._gpu.step_busy_s() if self._gpu is not None else None
+        if gpu_busy is not None:  # the GPU's own kernels: waiting for peers is not in them
+            busy = gpu_busy
         self._intervals.append(interval)
         self._busy.append(busy)
         self._step = int(step)
@@ -224,6 +240,15 @@ class ProgressMonitor:
 
     def _own_record(self) -> dict[str, Any]:
         where, frame = _main_thread_place(self._main_thread)
+        if self._gpu is not None:
+            try:
+                on_gpu = self._gpu.place()
+            except Exception as exc:  # a tracer failing costs its hint, never the heartbeat
+                log.debug("progress: GPU activity unreadable: %s", exc)
+                on_gpu = None
+            if on_gpu is not None:
+                where, gpu_frame = on_gpu
+                frame = f"{gpu_frame}; {frame}" if frame else gpu_frame
         return {
             "step": self._step,
             "interval": median(self._intervals) if self._intervals else None,

@@ -43,6 +43,9 @@ DEFAULT_OPTIONS: dict[str, Any] = {
     "weight_integrity": True,
     "update_ratio_max_bytes": 1 << 30,  # no update/weight ratio (it needs a weights copy) above
     "progress": True,  # drive sdk/progress.py's ProgressMonitor (hangs, stragglers)
+    # the CUPTI tracer (sdk/cupti.py): None follows DENPEX_CUPTI; never loaded unless asked
+    "cupti": None,
+    "cupti_in_flight_s": 10.0,  # an NCCL kernel running this long: the rank waits on its GPU
     # without the compiled checksum module, the pure-Python XXH3 hashes tens of MB/s: above
     # this many bytes of parameters checksums would cost more than the step, so they are off
     "reference_checksum_max_bytes": 4 << 20,
@@ -181,6 +184,7 @@ class Guard:
         else:  # no optimizer to hook: gradient norms as backward writes them, on sampled steps
             self.norms.arm_backward(1 % every == 0)
         self._check_coverage_at_start(param_bytes, distributed)
+        self.cupti = self._cupti_tracer()
         self.monitor = self._progress_monitor()
         self.prestop = self._prestop(options.get("prestop"), options.get("prestop_path"))
 
@@ -208,6 +212,8 @@ class Guard:
             self._run("canary", self._check_canary, step)
         if self.recorder is not None and self.options["nan_scan"] == "sampled":
             self.recorder.armed = (step + 1) % self.every == 0
+        if self.cupti is not None:
+            self._run("cupti", self.cupti.mark_step, step)
         if self.monitor is not None:
             scale = float(loss_scale) if loss_scale is not None else None
             self._run("progress", self.monitor.on_step, step, loss_value, scale)
@@ -231,6 +237,8 @@ class Guard:
             self.recorder.remove()
         if self.monitor is not None:
             self._run("progress", self.monitor.close)
+        if self.cupti is not None:
+            self._run("cupti", self.cupti.close)
         if self.prestop is not None:
             self.prestop.remove()
 
@@ -508,6 +516,21 @@ class Guard:
                 self.disabled.add("canary")
                 self._lost("canary", 0, why)
 
+    def _cupti_tracer(self) -> Any:
+        """The CUPTI tracer when asked for (cupti=True, or DENPEX_CUPTI=1 with cupti unset);
+        when CUPTI says no, coverage of GPU activity is lost from the start, and why."""
+        from denpex.sdk.cupti import CuptiTracer, CuptiUnavailable, requested
+
+        wanted = self.options["cupti"]
+        if not (wanted if wanted is not None else requested()):
+            return None
+        try:
+            return CuptiTracer()
+        except CuptiUnavailable as exc:
+            sys.stderr.write(f"denpex.sdk: CUPTI tracer off: {exc}\n")
+            self._lost("cupti", 0, str(exc))
+            return None
+
     def _progress_monitor(self) -> Monitor | None:
         if not self.options["progress"]:
             return None
@@ -524,12 +547,20 @@ class Guard:
                 emit=self.emit_fn,
                 host=self.host,
                 options=self.options,
+                gpu=self._cupti_feed(),
             ),
         )
         attach = getattr(monitor, "attach", None)
         if attach is not None:
             self._run("progress", attach, self.model)  # times backward, when it knows how
         return monitor
+
+    def _cupti_feed(self) -> Any:
+        if self.cupti is None:
+            return None
+        from denpex.sdk.cupti import CuptiFeed
+
+        return CuptiFeed(self.cupti, float(self.options["cupti_in_flight_s"]))
 
 
 def _prestop_of(guard: Guard, hook: Any, path: Any) -> Any:

@@ -9,7 +9,7 @@ from denpex.fabric.gnmi import GnmiCollector
 from denpex.fabric.gpudirect import GpuDirectCollector
 from denpex.fabric.ib.collector import IbCollector
 from denpex.fabric.nccl_topo.collector import NcclTopoCollector
-from denpex.fabric.roce import RoceCollector
+from denpex.fabric.roce.collector import RoceCollector
 from denpex.fabric.ufm.collector import UfmCollector
 from denpex.gpu.dcgm.collector import DcgmCollector
 from denpex.gpu.nvml.collector import NvmlCollector

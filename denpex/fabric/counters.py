@@ -1,9 +1,11 @@
 """Counter samples → increases and per-second rates for the fabric collectors, with counter
-resets and wrap-around handled.
+resets, wrap-around and saturation handled.
 
 Pure: no I/O and no clock (every value and time comes from the caller). Never yields a
 negative increase or a spike: a counter that goes down is a reset, i.e. a new baseline,
-unless it is a narrow (e.g. 32-bit legacy) counter that plausibly wrapped around its width.
+unless it is a narrow wrapping counter (the 32-bit mlx5 queue counters) that plausibly
+wrapped around its width. Saturating counters (the IBA PortCounters: 4, 8, 16 or 32 bits)
+never wrap: at their maximum they stop, and an unchanged maximum means "blind", not "quiet".
 """
 
 from __future__ import annotations
@@ -17,18 +19,28 @@ FIRST = "first"  # no earlier sample: nothing to compare with
 OK = "ok"
 WRAP = "wrap"  # a narrow counter passed its maximum and restarted from 0
 RESET = "reset"  # the counter went down: driver reload, `perfquery -R`, port reset
+SATURATED = "saturated"  # a saturating counter sits at its maximum: the increase is a floor
 
 
-def counter_increase(previous: int, current: int, bits: int = 64) -> tuple[int | None, str]:
+def saturated(value: int, bits: int) -> bool:
+    """Whether a saturating counter `bits` wide has reached its maximum (all ones)."""
+    return bits < 64 and value >= (1 << bits) - 1
+
+
+def counter_increase(
+    previous: int, current: int, bits: int = 64, saturates: bool = False
+) -> tuple[int | None, str]:
     """(increase, kind) from one sample to the next of a counter `bits` wide.
 
-    Going down is a wrap only for a counter narrower than 64 bits whose previous value fits
-    its width and whose wrapped increase is at most half its range (a bigger one is far more
-    likely a reset); anything else going down is a reset: (None, "reset"), no rate this time.
+    A saturating counter at its maximum gives what it rose by with kind "saturated": the true
+    increase may be larger, and further ones are invisible until it is reset. Going down is a
+    wrap only for a wrapping counter narrower than 64 bits whose previous value fits its width
+    and whose wrapped increase is at most half its range (a bigger one is far more likely a
+    reset); anything else going down is a reset: (None, "reset"), no rate this time.
     """
     if current >= previous:
-        return current - previous, OK
-    if bits < 64:
+        return current - previous, SATURATED if saturates and saturated(current, bits) else OK
+    if bits < 64 and not saturates:
         span = 1 << bits
         wrapped = current + span - previous
         if previous < span and 0 < wrapped <= span // 2:
@@ -46,13 +58,19 @@ class Delta:
     kind: str
 
 
-def delta(previous: tuple[int, int] | None, value: int, ts_ns: int, bits: int = 64) -> Delta:
+def delta(
+    previous: tuple[int, int] | None,
+    value: int,
+    ts_ns: int,
+    bits: int = 64,
+    saturates: bool = False,
+) -> Delta:
     """The Delta from `previous` = (value, ts_ns) to (value, ts_ns); a rate needs time to
     have passed."""
     if previous is None:
         return Delta(None, None, FIRST)
     before, before_ns = previous
-    increase, kind = counter_increase(before, value, bits)
+    increase, kind = counter_increase(before, value, bits, saturates)
     seconds = (ts_ns - before_ns) / 1e9
     rate = increase / seconds if increase is not None and seconds > 0 else None
     return Delta(increase, rate, kind)
@@ -65,8 +83,10 @@ class CounterTracker:
     def __init__(self) -> None:
         self._last: dict[str, tuple[int, int]] = {}
 
-    def update(self, key: str, value: int, ts_ns: int, bits: int = 64) -> Delta:
-        found = delta(self._last.get(key), value, ts_ns, bits)
+    def update(
+        self, key: str, value: int, ts_ns: int, bits: int = 64, saturates: bool = False
+    ) -> Delta:
+        found = delta(self._last.get(key), value, ts_ns, bits, saturates)
         self._last[key] = (value, ts_ns)
         return found
 

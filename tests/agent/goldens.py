@@ -39,7 +39,7 @@ from denpex.core.wire import Registration, event_from_dict, evidence_from_dict
 from denpex.fabric.gpudirect import GpuDirectCollector
 from denpex.fabric.ib.collector import IbCollector
 from denpex.fabric.nccl_topo.collector import NcclTopoCollector
-from denpex.fabric.roce import RoceCollector
+from denpex.fabric.roce.collector import RoceCollector
 from denpex.gpu.nvml.scenario import SCENARIO_ENV, build_fake_library, compile_scenario, write_lines
 from denpex.host.cgroup import CgroupCollector
 from denpex.host.numa import NumaCollector

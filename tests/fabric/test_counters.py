@@ -10,6 +10,7 @@ from denpex.fabric.counters import (
     FIRST,
     OK,
     RESET,
+    SATURATED,
     WRAP,
     CounterTracker,
     IncreaseWindow,
@@ -32,6 +33,19 @@ def test_increase_reset_and_wrap() -> None:
     assert counter_increase(1000, 10, bits=32) == (None, RESET)
     # a value wider than the declared width cannot have wrapped at it
     assert counter_increase(2**40, 5, bits=32) == (None, RESET)
+
+
+def test_saturating_counters_stop_and_never_wrap() -> None:
+    # an IBA PortCounter stops at all ones: what it rose by is only a floor
+    assert counter_increase(100, 65535, bits=16, saturates=True) == (65435, SATURATED)
+    assert counter_increase(65535, 65535, bits=16, saturates=True) == (0, SATURATED)
+    assert counter_increase(14, 15, bits=4, saturates=True) == (1, SATURATED)
+    assert counter_increase(200, 254, bits=8, saturates=True) == (54, OK)
+    # going down near the top is a wrap for a wrapping counter, a reset for a saturating one
+    assert counter_increase(65000, 10, bits=16) == (546, WRAP)
+    assert counter_increase(65000, 10, bits=16, saturates=True) == (None, RESET)
+    # 64-bit counters never saturate in practice
+    assert counter_increase(5, 2**64 - 1, bits=64, saturates=True) == (2**64 - 6, OK)
 
 
 def test_delta_rates() -> None:

@@ -251,18 +251,78 @@ def test_reset_gives_no_negative_rate_and_no_false_flap(tmp_path: Path) -> None:
     assert after[("ib_port_transmit_bytes_per_second", "mlx5_0", "")] == 4000  # 20 kB / 5 s
 
 
-def test_32bit_counter_wraps(tmp_path: Path) -> None:
+def test_narrow_port_counters_saturate_and_hw_counters_wrap(tmp_path: Path) -> None:
+    """IBA PortCounters stop at their maximum, so one that goes down was reset even when it is
+    32 bits wide; the driver's 32-bit hw_counters wrap (a wrap is not a reset)."""
     roots = tree(tmp_path, "ib_node")
-    options = {"full_counters_every": 1, "counter_bits": {"default": 64, "port_xmit_data": 32}}
-    poller = Poller(IbCollector(roots, options), roots)
+    options = {"full_counters_every": 1, "counter_bits": {"port_xmit_data": 32}}
+    collector = IbCollector(roots, options)
+    assert collector.options["counter_bits"]["symbol_error"] == 16  # the known widths stay
+    poller = Poller(collector, roots)
     set_counter(roots, "mlx5_0", "port_xmit_data", 2**32 - 1000)
-    set_counter(roots, "mlx5_0", "port_rcv_data", 2**32 - 1000)
+    set_counter(roots, "mlx5_0", "out_of_buffer", 2**32 - 1000, hw=True)
     poller.poll()
-    set_counter(roots, "mlx5_0", "port_xmit_data", 3000)  # 32-bit: wrapped by 4000 words
-    set_counter(roots, "mlx5_0", "port_rcv_data", 3000)  # 64-bit: went down, so a reset
+    set_counter(roots, "mlx5_0", "port_xmit_data", 3000)  # a PortCounter going down: reset
+    set_counter(roots, "mlx5_0", "out_of_buffer", 3000, hw=True)  # Q counter: wrapped by 4000
     got = metrics(poller.poll())
-    assert got[("ib_port_transmit_bytes_per_second", "mlx5_0", "")] == 4000 * 4 / 5
-    assert ("ib_port_receive_bytes_per_second", "mlx5_0", "") not in got
+    assert ("ib_port_transmit_bytes_per_second", "mlx5_0", "") not in got
+    assert got[("ib_hw_counter_per_second", "mlx5_0", "out_of_buffer")] == 4000 / 5
+
+
+@pytest.mark.parametrize(
+    ("counter", "maximum"),
+    [
+        ("link_downed", 255),
+        ("link_error_recovery", 255),
+        ("symbol_error", 65535),
+        ("port_rcv_errors", 65535),
+        ("port_xmit_discards", 65535),
+        ("local_link_integrity_errors", 15),
+        ("excessive_buffer_overrun_errors", 15),
+    ],
+)
+def test_a_counter_at_its_maximum_is_saturated_not_quiet(
+    tmp_path: Path, counter: str, maximum: int
+) -> None:
+    roots = tree(tmp_path, "ib_node")
+    poller = Poller(
+        IbCollector(roots, {"expected_rate_gbps": 100, "full_counters_every": 1}), roots
+    )
+    poller.poll()
+    set_counter(roots, "mlx5_0", counter, maximum)
+    out = poller.poll()
+    found = [e for e in evidence(out) if e.signature == "net.ib_error.ib_counter_saturated"]
+    assert [(e.captures["counter"], e.captures["key"]) for e in found] == [(counter, "mlx5_0/1")]
+    assert found[0].severity == "warning"
+    assert f"saturated at {maximum}" in found[0].summary and "reset it" in found[0].summary
+    assert metrics(out)[("ib_port_counter_saturated_state", "mlx5_0", counter)] == 1
+    # stuck at the maximum: no new increase, but never reported again as if all were well
+    again = poller.poll()
+    assert not [e for e in evidence(again) if e.signature == "net.ib_error.ib_counter_saturated"]
+    assert metrics(again)[("ib_port_counter_saturated_state", "mlx5_0", counter)] == 1
+    set_counter(roots, "mlx5_0", counter, 0)  # reset by the operator: re-armed, no flap
+    after_reset = poller.poll()
+    assert not [e for e in evidence(after_reset) if "saturated" in e.signature]
+    assert metrics(after_reset)[("ib_port_counter_saturated_state", "mlx5_0", counter)] == 0
+    set_counter(roots, "mlx5_0", counter, maximum)
+    refilled = evidence(poller.poll())
+    assert [e.captures["counter"] for e in refilled if "saturated" in e.signature] == [counter]
+
+
+def test_transport_and_rnr_retries_exceeded(tmp_path: Path) -> None:
+    roots = tree(tmp_path, "ib_node")
+    for name in ("req_transport_retries_exceeded", "req_rnr_retries_exceeded"):
+        set_counter(roots, "mlx5_1", name, 0, hw=True)
+    poller = Poller(
+        IbCollector(roots, {"expected_rate_gbps": 100, "full_counters_every": 1}), roots
+    )
+    poller.poll()
+    set_counter(roots, "mlx5_1", "req_transport_retries_exceeded", 2, hw=True)
+    set_counter(roots, "mlx5_1", "req_rnr_retries_exceeded", 1, hw=True)
+    found = {e.signature: e for e in evidence(poller.poll())}
+    transport = found["net.ib_error.ib_req_transport_retries_exceeded"]
+    assert transport.severity == "error" and transport.captures["increase"] == "2"
+    assert "net.ib_error.ib_req_rnr_retries_exceeded" in found
 
 
 def test_first_look_at_a_down_port_and_old_link_drops(tmp_path: Path) -> None:

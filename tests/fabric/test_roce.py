@@ -15,12 +15,13 @@ from denpex.core.collector import CollectContext
 from denpex.core.events import Event, Evidence
 from denpex.core.roots import Roots
 from denpex.fabric.ib.collector import IbCollector
-from denpex.fabric.roce import (
+from denpex.fabric.roce.collector import RoceCollector, roce_ports
+from denpex.fabric.roce.ethtool import (
+    GLOBAL,
     PauseCounter,
-    RoceCollector,
     parse_ethtool_stats,
     pause_counters,
-    roce_ports,
+    priority_discards,
     storm_level,
 )
 
@@ -50,6 +51,27 @@ def bump(root: Path, netdev: str, **steps: int) -> None:
         assert pattern.search(text), name
         text = pattern.sub(lambda m, s=step: f"{m[1]}{int(m[2]) + s}", text)
     path.write_text(text)
+
+
+def add_stat(root: Path, netdev: str, name: str, value: int) -> None:
+    """Add a counter the recorded output lacks (newer drivers print more of them)."""
+    path = root / "ethtool" / f"{netdev}.txt"
+    path.write_text(path.read_text() + f"     {name}: {value}\n")
+
+
+def to_global_pause(root: Path, netdev: str) -> None:
+    """The port in link-level (global) pause mode: mlx5 prints rx/tx_global_pause* in place
+    of the per-priority pause counters."""
+    path = root / "ethtool" / f"{netdev}.txt"
+    kept = [ln for ln in path.read_text().splitlines() if not re.search(r"_prio\d_pause", ln)]
+    lines = [
+        "     rx_global_pause: 1000",
+        "     rx_global_pause_duration: 2000",
+        "     tx_global_pause: 10",
+        "     tx_global_pause_duration: 20",
+        "     rx_global_pause_transition: 500",
+    ]
+    path.write_text("\n".join(kept + lines) + "\n")
 
 
 class Poller:
@@ -212,6 +234,103 @@ def test_ethtool_failures_and_timeouts(tmp_path: Path) -> None:
     assert metrics(out)[("roce_ecn_marked_packets_total", NETDEV, "", "")] == 1820
     blind = hung.degraded()
     assert blind is not None and "timed out" in blind and "ens1f1np1" in blind
+
+
+def test_global_pause_mode_is_read_and_storms_are_seen(tmp_path: Path) -> None:
+    roots, root = tree(tmp_path, "roce_node")
+    to_global_pause(root, NETDEV)
+    stats = parse_ethtool_stats((root / "ethtool" / f"{NETDEV}.txt").read_text())
+    pauses = pause_counters(stats)
+    assert pauses == {
+        PauseCounter("rx", GLOBAL, "pause"): 1000,
+        PauseCounter("rx", GLOBAL, "pause_duration"): 2000,
+        PauseCounter("tx", GLOBAL, "pause"): 10,
+        PauseCounter("tx", GLOBAL, "pause_duration"): 20,
+    }
+    poller = Poller(collector(root, roots), roots)
+    assert metrics(poller.poll())[("roce_pause_frames_total", NETDEV, "rxglobal", "")] == 1000
+    found = []
+    for _ in range(3):
+        bump(root, NETDEV, rx_global_pause=300_000, rx_global_pause_duration=9_000_000)
+        found += evidence(poller.poll())
+    (storm,) = found
+    assert storm.signature == "net.link_down.pfc_storm"
+    assert (storm.captures["netdev"], storm.captures["priority"]) == (NETDEV, GLOBAL)
+
+
+def test_post_fec_ber_from_symbol_errors_and_received_bits(tmp_path: Path) -> None:
+    roots, root = tree(tmp_path, "roce_node")
+    add_stat(root, NETDEV, "rx_bits_phy", 10**15)
+    poller = Poller(collector(root, roots), roots)
+    first = metrics(poller.poll())
+    assert first[("roce_rx_bits_total", NETDEV, "", "")] == 10**15
+    assert ("roce_post_fec_bit_error_ratio", NETDEV, "", "") not in first  # no interval yet
+    bump(root, NETDEV, rx_bits_phy=4 * 10**12, rx_pcs_symbol_err_phy=2)  # 5e-13: healthy
+    healthy = poller.poll()
+    assert metrics(healthy)[("roce_post_fec_bit_error_ratio", NETDEV, "", "")] == 5e-13
+    assert evidence(healthy) == []
+    bump(root, NETDEV, rx_bits_phy=4 * 10**12, rx_pcs_symbol_err_phy=400)  # 1e-10
+    (bad,) = evidence(poller.poll())
+    assert (bad.signature, bad.category, bad.severity) == (
+        "net.ib_error.roce_post_fec_ber",
+        "net.ib_error",
+        "error",
+    )
+    assert bad.captures["errors"] == "400" and "1.00e-10" in bad.summary
+    bump(root, NETDEV, rx_bits_phy=4 * 10**12, rx_pcs_symbol_err_phy=400)
+    assert evidence(poller.poll()) == []  # still bad: reported once
+    # the netdev without rx_bits_phy (an older driver) gets no ratio, only the counter
+    other = metrics(poller.poll())
+    assert ("roce_post_fec_bit_error_ratio", "ens1f1np1", "", "") not in other
+    assert ("roce_rx_pcs_symbol_errors_total", "ens1f1np1", "", "") in other
+
+
+def test_discards_on_a_lossless_priority(tmp_path: Path) -> None:
+    roots, root = tree(tmp_path, "roce_node")
+    poller = Poller(collector(root, roots), roots)
+    poller.poll()
+    bump(root, NETDEV, rx_prio0_discards=50, rx_prio3_discards=7)
+    out = poller.poll()
+    # priority 3 is paused by PFC (lossless); priority 0 is lossy: a metric only
+    assert [(e.signature, e.captures["priority"]) for e in evidence(out)] == [
+        ("net.ib_error.roce_lossless_discards", "3")
+    ]
+    assert metrics(out)[("roce_rx_priority_discards_total", NETDEV, "0", "")] == 50
+    stats = parse_ethtool_stats((root / "ethtool" / f"{NETDEV}.txt").read_text())
+    assert priority_discards(stats)["3"] == 7
+    configured = Poller(collector(root, roots, lossless_priorities=[0]), roots)
+    configured.poll()
+    bump(root, NETDEV, rx_prio0_discards=1)
+    assert [e.captures["priority"] for e in evidence(configured.poll())] == ["0"]
+    # in global-pause mode every priority is lossless
+    to_global_pause(root, NETDEV)
+    moded = Poller(collector(root, roots), roots)
+    moded.poll()
+    bump(root, NETDEV, rx_prio0_discards=2)
+    (found,) = evidence(moded.poll())
+    assert found.captures["priority"] == "0" and found.captures["mode"] == "global pause"
+
+
+def test_pci_signal_integrity_errors(tmp_path: Path) -> None:
+    roots, root = tree(tmp_path, "roce_node")
+    poller = Poller(collector(root, roots), roots)
+    poller.poll()
+    bump(root, "ens1f1np1", rx_pci_signal_integrity=3)
+    (found,) = evidence(poller.poll())
+    assert found.signature == "host.pcie_error.roce_pci_signal_integrity"
+    assert found.category == "host.pcie_error" and found.captures["rx_increase"] == "3"
+    assert evidence(poller.poll()) == []  # calm again: re-armed, nothing new
+
+
+def test_congestion_hw_counters_wrap_at_32_bits(tmp_path: Path) -> None:
+    roots, root = tree(tmp_path, "roce_node")
+    hw = roots.sys("class", "infiniband", "mlx5_0", "ports", "1", "hw_counters", "np_cnp_sent")
+    hw.write_text(f"{2**32 - 100}\n")
+    poller = Poller(collector(root, roots), roots)
+    poller.poll()
+    hw.write_text("100\n")  # a 32-bit Q counter wrapped: 200 more, not a reset
+    got = metrics(poller.poll())
+    assert got[("roce_congestion_per_second", NETDEV, "", "np_cnp_sent")] == 20
 
 
 def test_dashboard_uses_known_metrics_and_a_datasource_variable() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from denpex.core.collector import CollectContext, Observation
+from denpex.core.collector import CollectContext, Observation, settings
 from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
@@ -32,6 +32,9 @@ class IbCollector(FabricCollector):
 
     def __init__(self, roots: Roots, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(roots, options)
+        # a width given in the agent's config adds to the known ones instead of replacing all
+        known = settings(self.settings_file or "", self.name).get("counter_bits") or {}
+        self.options["counter_bits"] = {**known, **(self.options.get("counter_bits") or {})}
         self.tracker = CounterTracker()
         self.memory: dict[str, PortMemory] = {}
         self.polls = 0

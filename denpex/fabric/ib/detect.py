@@ -1,6 +1,6 @@
 """The InfiniBand port detectors: one port's metrics and evidence per poll (flaps, ports down
-or slower than their peers, rising error counters) from its readings and what is remembered
-of it. Pure: no I/O, state is passed in and updated.
+or slower than their peers, rising error counters, counters stuck at their maximum) from its
+readings and what is remembered of it. Pure: no I/O, state is passed in and updated.
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from typing import Any
 
 from denpex.core.collector import CollectContext, Observation, poll_finding
 from denpex.core.events import Event, metric
-from denpex.fabric.counters import CounterTracker, IncreaseWindow, level_for, rising
+from denpex.fabric.counters import CounterTracker, IncreaseWindow, level_for, rising, saturated
 from denpex.fabric.ib.ports import (
     COUNTER_HELP,
+    HW_COUNTER_BITS,
     LEVELS,
     RENAMED,
     STATE_ACTIVE,
@@ -33,6 +34,8 @@ ERROR_DETECTORS = {
     "local_link_integrity_errors": "net.ib_error.ib_local_link_integrity_errors",
     "excessive_buffer_overrun_errors": "net.ib_error.ib_excessive_buffer_overrun_errors",
     "local_ack_timeout_err": "net.ib_error.ib_local_ack_timeout_err",
+    "req_transport_retries_exceeded": "net.ib_error.ib_req_transport_retries_exceeded",
+    "req_rnr_retries_exceeded": "net.ib_error.ib_req_rnr_retries_exceeded",
 }
 
 
@@ -57,6 +60,7 @@ class PortMemory:
     levels: dict[str, str | None] = field(default_factory=dict)
     windows: dict[str, IncreaseWindow] = field(default_factory=dict)
     flaps: deque[int] = field(default_factory=deque)
+    saturated: set[str] = field(default_factory=set)  # counters reported stuck at their max
 
 
 def ib_metric(
@@ -89,10 +93,15 @@ def port_observations(
     bits: Mapping[str, int] = options.get("counter_bits") or {}
     rules: Mapping[str, Mapping[str, Any]] = options.get("error_thresholds") or {}
     increases: dict[str, int] = {}
+    widths: dict[str, int] = {}
     for name, value in reading.counters.items():
         scale = 4 if name in WORD_COUNTERS else 1
-        width = int(bits.get(name, bits.get("default", 64)))
-        found = tracker.update(f"{reading.key}/{name}", value, ctx.now_ns, width)
+        width = widths[name] = int(bits.get(name, bits.get("default", 64)))
+        found = tracker.update(f"{reading.key}/{name}", value, ctx.now_ns, width, saturates=True)
+        if width < 64:
+            labels = {**port, "counter": name}
+            full = 1.0 if saturated(value, width) else 0.0
+            out.append(ib_metric(ctx, "ib_port_counter_saturated_state", full, labels))
         if name in COUNTER_HELP:
             out.append(ib_metric(ctx, counter_metric(name), value * scale, port, counter=True))
         else:
@@ -109,7 +118,7 @@ def port_observations(
             labels = {**port, "counter": name}
             out.append(ib_metric(ctx, "ib_port_errors_per_second", found.rate_per_second, labels))
     for name, value in reading.hw_counters.items():
-        found = tracker.update(f"{reading.key}/hw/{name}", value, ctx.now_ns)
+        found = tracker.update(f"{reading.key}/hw/{name}", value, ctx.now_ns, HW_COUNTER_BITS)
         labels = {**port, "counter": name}
         out.append(ib_metric(ctx, "ib_hw_counter_total", value, labels, counter=True))
         if found.increase is not None:
@@ -121,6 +130,7 @@ def port_observations(
         out += _link_evidence(ctx, reading, memory, increases, options)
         out += _rate_evidence(ctx, reading, memory, expected_gbps)
         out += _error_evidence(ctx, reading, memory, increases, rules)
+        out += _saturation_evidence(ctx, reading, memory, widths)
     if reading.state is not None:
         memory.state = reading.state
         memory.seen_active = memory.seen_active or reading.active
@@ -227,6 +237,25 @@ def _error_evidence(
             values = {"threshold": rule.get(level)}
             out.append(_evidence(ctx, r, ERROR_DETECTORS[name], captures, values, severity=level))
         m.levels[name] = level
+    return out
+
+
+def _saturation_evidence(
+    ctx: CollectContext, r: PortReading, m: PortMemory, widths: Mapping[str, int]
+) -> list[Observation]:
+    """A counter at its maximum counts nothing more until it is reset: reported once when it
+    gets there (or is found there), re-armed once it reads below its maximum again."""
+    out: list[Observation] = []
+    for name, width in widths.items():
+        value = r.counters[name]
+        if not saturated(value, width):
+            m.saturated.discard(name)
+            continue
+        if name in m.saturated:
+            continue
+        m.saturated.add(name)
+        captures = {"counter": name, "value": str(value), "bits": str(width)}
+        out.append(_evidence(ctx, r, "net.ib_error.ib_counter_saturated", captures, {}))
     return out
 
 

@@ -18,6 +18,9 @@ STATE_FILE = "ib_ports.json"
 LEVELS = ("warning", "error", "critical")
 # counters/ files counted in 4-byte words (IBA PortXmitData / PortRcvData)
 WORD_COUNTERS = {"port_xmit_data", "port_rcv_data"}
+# hw_counters are the driver's queue counters, 32 bits in the mlx5 firmware (QUERY_Q_COUNTER):
+# they wrap around, so a value that goes down is usually a wrap, not a reset
+HW_COUNTER_BITS = 32
 
 # counters/ file → HELP of its metric, `ib_<file>_total` unless renamed below
 COUNTER_HELP = {
@@ -60,6 +63,8 @@ HELP = {
     **{counter_metric(name): text for name, text in COUNTER_HELP.items()},
     **{f"{m}_per_second": f"{COUNTER_HELP[n]}, per second" for n, m in RENAMED.items()},
     "ib_port_errors_per_second": "Per-second increase of an error counter (label counter)",
+    "ib_port_counter_saturated_state": "1 when a narrow port counter sits at its maximum and counts "
+    "nothing more until reset (label counter)",
     "ib_hw_counter_total": "A driver hw_counters value of the port (label counter)",
     "ib_hw_counter_per_second": "Per-second increase of a driver hw_counters value",
 }

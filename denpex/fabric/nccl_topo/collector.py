@@ -39,6 +39,9 @@ DETECTORS = {
     "nic_speed_lower": "net.link_down.nccl_topo_nic_speed_lower",
     "nic_speed_higher": "net.link_down.nccl_topo_nic_speed_higher",
     "pci_link_lower": "host.pcie_error.nccl_topo_pci_link_lower",
+    "c2c_lower": "gpu.nvlink.nccl_topo_c2c_lower",
+    "pcilink_missing": "gpu.p2p_topology.nccl_topo_pcilink_missing",
+    "nic_rail_changed": "net.link_down.nccl_topo_nic_rail_changed",
 }
 
 HELP = {

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from denpex.fabric.nccl_topo.model import Placed, Topology
+from denpex.fabric.nccl_topo.model import NVSWITCH_CLASS, NvLink, Pci, Placed, Topology
 
 DIFFERENCE_KINDS = (
     "cpu_missing",
@@ -27,7 +27,11 @@ DIFFERENCE_KINDS = (
     "nic_speed_higher",
     "gdr_off",
     "pci_link_lower",
+    "c2c_lower",
+    "pcilink_missing",
+    "nic_rail_changed",
 )
+NVSWITCHES = "NVSwitch"  # the peer of NVSwitch links compared as one total
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +128,61 @@ def compare_topologies(
         now = actual_nets.get(net.key)
         if now is not None:
             out += _net_details(net, now, full)
+    out += _pcilinks(golden, actual)
     return out
+
+
+def _pcilinks(golden: Topology, actual: Topology) -> list[Difference]:
+    """Direct links between PCI switches (`<pcilink>`, e.g. Broadcom switches paired for
+    P2P) the golden has and the dump lacks, where the dump holds both switches."""
+    present = {pci.busid for cpu in actual.cpus for pci in _all_pci(cpu.children)}
+    have = set(actual.pcilinks())
+    out = []
+    for switch, target in golden.pcilinks():
+        if (switch, target) in have or not {switch, target} <= present:
+            continue
+        out.append(
+            _diff(
+                "pcilink_missing",
+                f"pci {switch}",
+                switch,
+                f"linked to {target}",
+                "no link",
+                f"PCI switch {switch} has no direct link to {target}; the golden has one: "
+                "P2P traffic between them goes up through the CPU",
+            )
+        )
+    return out
+
+
+def _all_pci(children: tuple[Pci, ...]) -> list[Pci]:
+    found: list[Pci] = []
+    for pci in children:
+        found.append(pci)
+        found += _all_pci(pci.children)
+    return found
+
+
+def _nvlink_peers(
+    want: tuple[NvLink, ...], have: tuple[NvLink, ...]
+) -> tuple[dict[str, NvLink], dict[str, NvLink]]:
+    """The links of both sides by peer. Where either side cannot see its NVSwitches (NCCL
+    merges those links into one, target fffffff:ffff:ff), NVSwitch links are compared as one
+    total on each side: a VM's dump then matches a bare-metal golden of the same SKU."""
+    merge = any(link.hidden for link in (*want, *have))
+
+    def by_peer(links: tuple[NvLink, ...]) -> dict[str, NvLink]:
+        found: dict[str, NvLink] = {}
+        for link in links:
+            if merge and link.to_nvswitch:
+                before = found.get(NVSWITCHES)
+                count = link.count + (before.count if before else 0)
+                found[NVSWITCHES] = NvLink(NVSWITCHES, count, NVSWITCH_CLASS)
+            else:
+                found[link.target] = link
+        return found
+
+    return by_peer(want), by_peer(have)
 
 
 def _placement(
@@ -204,8 +262,9 @@ def _gpu_details(golden: Placed, actual: Placed, full: bool) -> list[Difference]
                 f"GPU {key} reports GPUDirect RDMA off (gdr=0); on in the golden",
             )
         )
-    links = {link.target: link for link in have.nvlinks}
-    for link in want.nvlinks:
+    out += _c2c(golden, actual)
+    wanted, links = _nvlink_peers(want.nvlinks, have.nvlinks)
+    for link in wanted.values():
         now = links.pop(link.target, None)
         bw = link.bandwidth_gb_s(want.sm)
         rate = f" ({bw} GB/s)" if bw else ""
@@ -246,6 +305,28 @@ def _gpu_details(golden: Placed, actual: Placed, full: bool) -> list[Difference]
     return out
 
 
+def _c2c(golden: Placed, actual: Placed) -> list[Difference]:
+    want = golden.gpu.c2c if golden.gpu else None
+    have = actual.gpu.c2c if actual.gpu else None
+    if want is None:
+        return []
+    if have is not None and have.count >= want.count and have.bw_mb_s >= want.bw_mb_s:
+        return []
+    expected = f"{want.count} x {want.bw_mb_s} MB/s ({want.bandwidth_gb_s} GB/s)"
+    got = "none" if have is None else f"{have.count} x {have.bw_mb_s} MB/s"
+    now = "no C2C link" if have is None else f"C2C at {have.bandwidth_gb_s} GB/s"
+    return [
+        _diff(
+            "c2c_lower",
+            actual.path,
+            golden.key,
+            expected,
+            got,
+            f"GPU {golden.key} has {now} to its CPU; the golden has {expected}",
+        )
+    ]
+
+
 def _net_details(golden: Placed, actual: Placed, full: bool) -> list[Difference]:
     out = _pci_link(golden, actual) if golden.pci and actual.pci else []
     want, have = golden.net, actual.net
@@ -264,6 +345,19 @@ def _net_details(golden: Placed, actual: Placed, full: bool) -> list[Difference]
                 f"net {label} runs at {have.speed_mbps} Mb/s; the golden at {want.speed_mbps} Mb/s",
             )
         )
+    for what in ("rail", "plane"):
+        before, now = getattr(want, what), getattr(have, what)
+        if before is not None and now is not None and before != now:
+            out.append(
+                _diff(
+                    "nic_rail_changed",
+                    actual.path,
+                    label,
+                    f"{what} {before}",
+                    f"{what} {now}",
+                    f"net {label} is on {what} {now}; the golden has it on {what} {before}",
+                )
+            )
     if full and want.gdr and have.gdr is False:
         out.append(
             _diff(

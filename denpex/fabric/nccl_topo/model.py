@@ -1,6 +1,7 @@
 """The NCCL topology model: parse the XML NCCL writes with NCCL_TOPO_DUMP_FILE (CPUs, PCI
-switches, GPUs with their NVLinks, NICs with their net ports) and write it back as a stable,
-diffable golden profile. Pure: text in, values out; never opens a file.
+switches and the links between them, GPUs with their NVLinks and C2C link, NICs with their
+net ports, rails and planes) and write it back as a stable, diffable golden profile. Pure:
+text in, values out; never opens a file.
 """
 
 from __future__ import annotations
@@ -10,8 +11,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-# Per-link NVLink bandwidth NCCL assumes, GB/s, by GPU generation (src/graph/topo.h)
+# Per-link NVLink bandwidth NCCL assumes, GB/s, by GPU generation (src/graph/topo.h,
+# ncclTopoNVLinkBw): SM86 (A40, A10, RTX A6000) is its own case, the rest by minimum SM
+NVLINK_GB_S_EXACT_SM = {86: 12.0}
 NVLINK_GB_S_BY_SM = ((100, 40.1), (90, 20.6), (80, 20.0), (70, 20.0), (60, 18.0))
+NVSWITCH_CLASS = "0x068000"
+# the target NCCL writes when NVML cannot name the NVLink's remote end (NVSwitches hidden
+# from a VM): it assumes an NVSwitch and merges all such links into one <nvlink>
+HIDDEN_NVSWITCH = "fffffff:ffff:ff"
 MAX_XML_BYTES = 16 << 20
 PCI_ATTRS = (
     "busid",
@@ -37,12 +44,35 @@ class NvLink:
     count: int
     tclass: str  # PCI class of the target: 0x068000 NVSwitch, 0x030200 GPU, 0x060400 CPU
 
+    @property
+    def to_nvswitch(self) -> bool:
+        return self.tclass.lower() == NVSWITCH_CLASS or self.target == HIDDEN_NVSWITCH
+
+    @property
+    def hidden(self) -> bool:
+        return self.target == HIDDEN_NVSWITCH
+
     def bandwidth_gb_s(self, sm: int | None) -> float | None:
         """Bandwidth of these links as NCCL rates them (count x per-link GB/s of the SM)."""
         if sm is None:
             return None
-        per_link = next((bw for min_sm, bw in NVLINK_GB_S_BY_SM if sm >= min_sm), None)
+        per_link = NVLINK_GB_S_EXACT_SM.get(sm) or next(
+            (bw for min_sm, bw in NVLINK_GB_S_BY_SM if sm >= min_sm), None
+        )
         return None if per_link is None else round(self.count * per_link, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class C2c:
+    """A GPU's chip-to-chip link to its CPU (Grace Hopper/Blackwell NVLink-C2C): NCCL reads
+    `<c2c count bw>` with bw in MB/s per link."""
+
+    count: int
+    bw_mb_s: int
+
+    @property
+    def bandwidth_gb_s(self) -> float:
+        return round(self.count * self.bw_mb_s / 1000.0, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +82,7 @@ class Gpu:
     sm: int | None = None
     gdr: bool | None = None
     nvlinks: tuple[NvLink, ...] = ()
+    c2c: C2c | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +93,8 @@ class Net:
     port: int | None = None
     guid: str | None = None
     gdr: bool | None = None
+    rail: int | None = None  # the rail (and plane) the port is cabled to, where NCCL knows
+    plane: int | None = None
 
     @property
     def label(self) -> str:
@@ -78,6 +111,7 @@ class Pci:
     children: tuple[Pci, ...] = ()
     gpu: Gpu | None = None
     nets: tuple[Net, ...] = ()
+    pcilinks: tuple[str, ...] = ()  # bus ids of PCI switches this one links to directly
 
     def attr(self, name: str) -> str | None:
         return dict(self.attrs).get(name)
@@ -129,6 +163,15 @@ class Topology:
                 if pci.children:
                     found.append(pci.busid)
         return found
+
+    def pcilinks(self) -> list[tuple[str, str]]:
+        """(switch, target) of every direct link between PCI switches (`<pcilink>`)."""
+        return [
+            (pci.busid, target)
+            for cpu in self.cpus
+            for pci, _ in _walk(cpu.children, ())
+            for target in pci.pcilinks
+        ]
 
     def nvlink_count(self) -> int:
         return sum(link.count for placed in self.gpus if placed.gpu for link in placed.gpu.nvlinks)
@@ -201,6 +244,8 @@ def _nets(nic: ET.Element, where: str) -> list[Net]:
                 port=_int(net.get("port"), at),
                 guid=net.get("guid"),
                 gdr=_flag(net.get("gdr")),
+                rail=_int(net.get("rail"), at),
+                plane=_int(net.get("plane"), at),
             )
         )
     return found
@@ -210,13 +255,18 @@ def _gpu(element: ET.Element, where: str) -> Gpu:
     links = []
     for link in element.findall("nvlink"):
         target = (link.get("target") or "").strip().lower()
-        links.append(NvLink(target, _int(link.get("count"), where) or 0, link.get("tclass") or ""))
+        tclass = link.get("tclass") or (NVSWITCH_CLASS if target == HIDDEN_NVSWITCH else "")
+        links.append(NvLink(target, _int(link.get("count"), where) or 0, tclass))
+    c2c = element.find("c2c")
     return Gpu(
         dev=_int(element.get("dev"), where),
         rank=_int(element.get("rank"), where),
         sm=_int(element.get("sm"), where),
         gdr=_flag(element.get("gdr")),
         nvlinks=tuple(sorted(links, key=lambda link: link.target)),
+        c2c=None
+        if c2c is None
+        else C2c(_int(c2c.get("count"), where) or 0, _int(c2c.get("bw"), where) or 0),
     )
 
 
@@ -234,6 +284,11 @@ def _pci(element: ET.Element, where: str) -> Pci:
         children=children,
         gpu=_gpu(gpu_elements[0], f"{where} / gpu {busid}") if gpu_elements else None,
         nets=tuple(sorted(nets, key=lambda n: (n.port or 0, n.name))),
+        pcilinks=tuple(
+            sorted(
+                _busid(link.get("target"), f"{at} / pcilink") for link in element.findall("pcilink")
+            )
+        ),
     )
 
 
@@ -308,6 +363,8 @@ def _write_pci(parent: ET.Element, pci: Pci) -> None:
         element.set(name, value)
     for child in pci.children:
         _write_pci(element, child)
+    for target in pci.pcilinks:
+        ET.SubElement(element, "pcilink", target=target)
     if pci.gpu is not None:
         gpu = ET.SubElement(element, "gpu")
         _set(gpu, "dev", pci.gpu.dev)
@@ -317,6 +374,9 @@ def _write_pci(parent: ET.Element, pci: Pci) -> None:
             ET.SubElement(
                 gpu, "nvlink", target=link.target, count=str(link.count), tclass=link.tclass
             )
+        if pci.gpu.c2c is not None:
+            c2c = pci.gpu.c2c
+            ET.SubElement(gpu, "c2c", count=str(c2c.count), bw=str(c2c.bw_mb_s))
     if pci.nets:
         _write_nets(ET.SubElement(element, "nic"), pci.nets)
 
@@ -328,3 +388,5 @@ def _write_nets(nic: ET.Element, nets: tuple[Net, ...]) -> None:
         _set(element, "speed", net.speed_mbps)
         _set(element, "port", net.port)
         _set(element, "gdr", net.gdr)
+        _set(element, "rail", net.rail)
+        _set(element, "plane", net.plane)

@@ -1,6 +1,7 @@
-"""RoCE priority flow control and congestion: per-priority pause frames and pause time from
-`ethtool -S <netdev>` (mlx5 names), ECN/CNP counters from the RDMA device's hw_counters, and
-a PFC storm detector (heavy pausing on one priority for several consecutive polls).
+"""RoCE priority flow control and congestion: per-priority (or global) pause frames and pause
+time from `ethtool -S <netdev>` (mlx5 names), ECN/CNP counters from the RDMA device's
+hw_counters, a PFC storm detector (heavy pausing on one priority for several consecutive
+polls), and the port's physical and PCIe health (phy.py).
 
 Runs `ethtool -S` only, each call under a timeout; never changes a NIC setting, never blocks
 a poll past its budget. The parser is a pure function of the command's text.
@@ -9,13 +10,11 @@ a poll past its budget. The parser is a pure function of the command's text.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,10 @@ from denpex.core.collector import CollectContext, Observation
 from denpex.core.roots import Roots, read_text
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.counters import CounterTracker
-from denpex.fabric.ib.ports import parse_counter, rdma_ports
+from denpex.fabric.ib.ports import HW_COUNTER_BITS, parse_counter, rdma_ports
+from denpex.fabric.roce.ethtool import parse_ethtool_stats, pause_counters, storm_level
+from denpex.fabric.roce.phy import PHY_HELP, phy_observations
 
-_PRIO = re.compile(r"^(rx|tx)_prio(\d)_(pause|pause_duration)$")
 # hw_counters of the RDMA device → (metric, HELP)
 CONGESTION = {
     "np_ecn_marked_roce_packets": (
@@ -62,48 +62,8 @@ HELP = {
     **{name: text for name, text in CONGESTION.values()},
     "roce_congestion_per_second": "Per-second ECN/CNP counter increase (label counter)",
     **{name: text for name, text in PHY.values()},
+    **PHY_HELP,
 }
-
-
-def parse_ethtool_stats(text: str) -> dict[str, int]:
-    """`ethtool -S` output (`NIC statistics:` then `     name: value` lines) → {name: value};
-    lines without an integer value are skipped."""
-    stats: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, value = line.strip().rpartition(":")
-        value = value.strip()
-        if sep and name and value.isdigit():
-            stats[name.strip()] = int(value)
-    return stats
-
-
-@dataclass(frozen=True, slots=True)
-class PauseCounter:
-    direction: str  # rx: the peer paused us; tx: we paused the peer
-    priority: str
-    kind: str  # pause | pause_duration
-
-
-def pause_counters(stats: Mapping[str, int]) -> dict[PauseCounter, int]:
-    """The per-priority pause counters (`rx_prio3_pause`, `tx_prio3_pause_duration` …)."""
-    found = {}
-    for name, value in stats.items():
-        match = _PRIO.match(name)
-        if match:
-            found[PauseCounter(match[1], match[2], match[3])] = value
-    return found
-
-
-def storm_level(
-    frames_per_s: float | None, paused_ratio: float | None, thresholds: Mapping[str, Any]
-) -> bool:
-    """Whether one poll's pausing on a priority is storm-like (either threshold reached)."""
-    frames_limit = thresholds.get("storm_pause_frames_per_second")
-    ratio_limit = thresholds.get("storm_pause_ratio")
-    return bool(
-        (frames_limit is not None and frames_per_s is not None and frames_per_s >= frames_limit)
-        or (ratio_limit is not None and paused_ratio is not None and paused_ratio >= ratio_limit)
-    )
 
 
 def port_netdev(folder: Path, device_folder: Path) -> str | None:
@@ -228,7 +188,8 @@ class RoceCollector(FabricCollector):
             if value is None:
                 continue
             out.append(self.metric_event(ctx, metric_name, value, base, True))
-            found = self.tracker.update(f"{device}/{port}/{name}", value, ctx.now_ns)
+            key = f"{device}/{port}/{name}"
+            found = self.tracker.update(key, value, ctx.now_ns, HW_COUNTER_BITS)
             if found.rate_per_second is not None:
                 labels = {**base, "counter": name}
                 out.append(
@@ -274,6 +235,7 @@ class RoceCollector(FabricCollector):
         for (direction, priority), seen in sorted(rates.items()):
             out += self._storm(ctx, netdev, device, direction, priority, seen, stats)
         out += self._storm_prevention(ctx, netdev, device, stats)
+        out += phy_observations(ctx, self, self.tracker, netdev, device, stats)
         return out
 
     def _storm_prevention(
