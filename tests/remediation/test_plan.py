@@ -53,3 +53,42 @@ def test_incident_with_its_own_action_on_a_switch() -> None:
 
 def test_no_proposals_no_plans() -> None:
     assert derive_plans(JOB_INCIDENT, proposals_of(JOB_INCIDENT, []), pool_of={}) == []
+
+
+def test_a_diagnosis_target_is_placed_on_a_host_the_incident_names() -> None:
+    incident = {**JOB_INCIDENT, "hosts": ["n1", "n2"]}
+    actions = [
+        {"action": "reduce_memory", "target": "rank 3 on n2"},  # the engine's rank form
+        {"action": "retry_job", "target": "train-llama-70b"},  # a job, not a host
+        {"action": "drain_node", "target": "n1"},
+        {"action": "fix_code", "target": "rank 2"},  # a rank with no host
+    ]
+    proposals = proposals_of(incident, [], actions)
+    assert [p.host for p in proposals] == ["n2", None, "n1", None]
+    plans = derive_plans(incident, proposals, pool_of={})
+    assert [p.target.host for p in plans] == ["n1", "n2"]
+
+
+def test_a_fleet_gpu_incident_is_planned_on_the_gpus_host() -> None:
+    by_pci = {
+        "id": 11,
+        "rule": "repeat_offender",
+        "category": "gpu.xid",
+        "component": {"kind": "gpu", "id": "gpu-a07/0000:3b:00"},
+        "hosts": ["gpu-a07"],
+        "action": "drain_node",
+        "title": "Xid 79 again",
+    }
+    by_serial = {**by_pci, "component": {"kind": "gpu", "id": "1321021012345"}}
+    for incident in (by_pci, by_serial):
+        [plan] = derive_plans(incident, proposals_of(incident, []), pool_of={})
+        assert plan.target.host == "gpu-a07" and plan.target.kind is TargetKind.GPU
+    unplaced = {**by_serial, "hosts": ["a", "b"]}  # a serial seen on two hosts: no guess
+    assert derive_plans(unplaced, proposals_of(unplaced, []), pool_of={}) == []
+
+
+def test_an_action_outside_the_vocabulary_is_left_out_not_raised() -> None:
+    proposals = [Proposal("check_link", "n2"), Proposal("drain_node", "n2")]
+    [plan] = derive_plans(JOB_INCIDENT, proposals, pool_of={})
+    assert plan.actions == ("drain_node",)
+    assert "unknown actions left out: check_link" in plan.reason
