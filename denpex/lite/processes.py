@@ -38,7 +38,9 @@ _FRAME = re.compile(rb'^[ \t]{1,16}File "([^"\n]{1,1024})", line (\d{1,9}), in (
 # lines worth parsing hold one of these (each costs one bytes.find over a chunk); a table's
 # `exitcode : … (pid: N)` line is looked for only after its `rank : … (local_rank: …)` line,
 # its `host :` line and a traceback's frames are looked up from the line that needs them
-_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", b" nranks ")
+_NRANKS_TRIGGER = b" nranks "
+_NCCL_NRANKS = re.compile(rb" rank \d{1,6} nranks (\d{1,7}) cudaDev ")
+_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", _NRANKS_TRIGGER)
 _TABLE_EXIT_TRIGGER = b"(pid: "
 _TABLE_REACH = 4  # lines between a table's `rank` line and its `exitcode` line
 _KILLING_REACH = 20  # lines between two `Killing subprocess` lines of one burst
@@ -120,9 +122,29 @@ def learn(
     if state.table_rank is not None or b"local_rank" in joined:
         needles = (*needles, _TABLE_EXIT_TRIGGER)
     for index in lines_with(joined, needles):
+        size = _nccl_world_size(lines[index], needles)
+        if size is not None:
+            facts.world_size = max(size, facts.world_size or 0)
+            continue
         before = _Before(state, lines, index, parsed_at)
         _process_line(facts, state, parsed_at(index), first_seq + index, before)
     state.tail = lines[-_TAIL:]
+
+
+def _nccl_world_size(line: bytes, needles: tuple[bytes, ...]) -> int | None:
+    """The world size of a line whose one fact is NCCL's `rank R nranks N cudaDev` (every
+    NCCL communicator prints one: thousands in a long log), read without parsing its
+    prefixes, or None when the line may hold another fact. Exact: no prefix parse_line
+    strips ends in `rank R `, so the words are in the body; a journal record is parsed."""
+    if line[:1] == b"{" or any(n in line for n in needles if n != _NRANKS_TRIGGER):
+        return None
+    stated = list(_WORLD_SIZE.finditer(line))
+    if len(stated) != 1 or stated[0].group(4) is None:
+        return None
+    comm = _NCCL_NRANKS.search(line)
+    if comm is None or comm.end(1) != stated[0].end(4):
+        return None
+    return int(comm.group(1))
 
 
 def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
