@@ -62,6 +62,19 @@ cdef class Batch:
             return b""
         return self.joined[: self._starts[count] - 1]
 
+    def line_at(self, Py_ssize_t offset):
+        """The index of the line that holds byte `offset` of `joined` (its b"\\n" ending it)."""
+        cdef Py_ssize_t low = 0, high = self._count, middle
+        if offset < 0 or offset > len(self.joined) or self._count == 0:
+            raise IndexError("offset out of range")
+        while high - low > 1:  # the last start <= offset
+            middle = (low + high) // 2
+            if self._starts[middle] <= offset:
+                low = middle
+            else:
+                high = middle
+        return low
+
     def newlines_before(self, Py_ssize_t index):
         """How many b"\\n" of the chunk come before the first byte of line `index` (0 for a
         line that began in an earlier chunk)."""

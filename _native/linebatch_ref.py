@@ -13,6 +13,7 @@ need it.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 
@@ -70,6 +71,12 @@ class Batch:
         if count >= len(self._starts):
             return self.joined
         return self.joined[: self._starts[count] - 1] if count > 0 else b""
+
+    def line_at(self, offset: int) -> int:
+        """The index of the line that holds byte `offset` of `joined` (its b"\\n" ending it)."""
+        if not 0 <= offset <= len(self.joined) or not self._starts:
+            raise IndexError("offset out of range")
+        return bisect.bisect_right(self._starts, offset) - 1
 
     def newlines_before(self, index: int) -> int:
         """How many b"\\n" of the chunk come before the first byte of line `index` (0 for a

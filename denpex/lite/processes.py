@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from denpex.lite.prefixes import parse_line
@@ -111,24 +111,25 @@ class JobFacts:
 def learn(
     facts: JobFacts,
     state: LauncherState,
-    lines: list[bytes],
+    lines: Sequence[bytes],
     joined: bytes,
     parsed_at: Callable,
     first_seq: int,
 ) -> None:
     """Takes every process fact the chunk `lines` states (`joined` is `lines` joined by
-    b"\\n"); only lines holding a trigger word are parsed."""
+    b"\\n"; a native batch's `line_at` finds their lines); only lines holding a trigger word
+    are parsed."""
     needles: tuple[bytes, ...] = _TRIGGERS
     if state.table_rank is not None or b"local_rank" in joined:
         needles = (*needles, _TABLE_EXIT_TRIGGER)
-    for index in lines_with(joined, needles):
+    for index in lines_with(joined, needles, getattr(lines, "line_at", None)):
         size = _nccl_world_size(lines[index], needles)
         if size is not None:
             facts.world_size = max(size, facts.world_size or 0)
             continue
         before = _Before(state, lines, index, parsed_at)
         _process_line(facts, state, parsed_at(index), first_seq + index, before)
-    state.tail = lines[-_TAIL:]
+    state.tail = list(lines[-_TAIL:])
 
 
 def _nccl_world_size(line: bytes, needles: tuple[bytes, ...]) -> int | None:
@@ -147,9 +148,13 @@ def _nccl_world_size(line: bytes, needles: tuple[bytes, ...]) -> int | None:
     return int(comm.group(1))
 
 
-def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
+def lines_with(
+    joined: bytes, needles: tuple[bytes, ...], line_at: Callable[[int], int] | None = None
+) -> list[int]:
     """Indexes of the lines of `joined` that hold any of `needles`, in order; found with
-    bytes.find and counted with bytes.count, so a chunk without them costs a few scans."""
+    bytes.find, and turned into line indexes by `line_at` (a native batch's, from the
+    offset of a byte) or else counted with bytes.count: a chunk without them costs a few
+    scans."""
     hits = []
     for needle in needles:
         at = joined.find(needle)
@@ -159,8 +164,11 @@ def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
     indexes: list[int] = []
     line = last = 0
     for at in sorted(hits):
-        line += joined.count(b"\n", last, at)
-        last = at
+        if line_at is not None:
+            line = line_at(at)
+        else:
+            line += joined.count(b"\n", last, at)
+            last = at
         if not indexes or indexes[-1] != line:
             indexes.append(line)
     return indexes
@@ -169,7 +177,7 @@ def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
 class _Before:
     """The lines just above one line: earlier in its chunk, then the previous chunk's tail."""
 
-    def __init__(self, state: LauncherState, lines: list[bytes], index: int, parsed_at) -> None:
+    def __init__(self, state: LauncherState, lines: Sequence[bytes], index: int, parsed_at) -> None:
         self.state, self.lines, self.index, self.parsed_at = state, lines, index, parsed_at
 
     def parsed(self, back: int):

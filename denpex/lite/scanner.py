@@ -260,7 +260,7 @@ class Scanner:
             for named in _NCCL_LINE_HOST.finditer(joined):
                 state.nccl_hosts.add(named.group(1).decode())
         if b"busId" in joined:
-            for index in lines_with(joined, (b"busId",)):
+            for index in lines_with(joined, (b"busId",), lines.line_at):
                 line = lines[index]
                 found = _NCCL_COMM.search(line)
                 if found:

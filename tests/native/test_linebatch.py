@@ -53,6 +53,7 @@ def batches(cls, cap: int, parts: list[bytes]):
                 batch[1:-1],
                 [batch.newlines_before(i) for i in range(count)],
                 [batch.head(n) for n in (0, 1, count)],
+                [batch.line_at(at) for at in range(len(batch.joined) + 1)] if count else [],
             )
         )
     return out, batcher.truncated_bytes
@@ -78,8 +79,11 @@ def test_reference_semantics():
     b.feed(b"dangling")
     b.reset()
     assert len(b.flush()) == 0 and b.discarded_bytes == len(b"dangling")
+    assert [batch.line_at(at) for at in (0, 3, 4, 10, 11, 19, 20, 21)] == [0, 0, 1, 1, 2, 2, 3, 3]
     with pytest.raises(IndexError):
         batch[4]
+    with pytest.raises(IndexError):
+        batch.line_at(22)
 
 
 @settings(max_examples=400, deadline=None)
