@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from denpex.lite.prefixes import parse_line
@@ -42,6 +42,7 @@ _NRANKS_TRIGGER = b" nranks "
 _NCCL_NRANKS = re.compile(rb" rank \d{1,6} nranks (\d{1,7}) cudaDev ")
 _TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", _NRANKS_TRIGGER)
 _TABLE_EXIT_TRIGGER = b"(pid: "
+TRIGGER_WORDS = (*_TRIGGERS, _TABLE_EXIT_TRIGGER)  # what `learn` may look for
 _TABLE_REACH = 4  # lines between a table's `rank` line and its `exitcode` line
 _KILLING_REACH = 20  # lines between two `Killing subprocess` lines of one burst
 _FRAME_REACH = 4  # lines between a traceback's innermost frame and its exception line
@@ -115,14 +116,21 @@ def learn(
     joined: bytes,
     parsed_at: Callable,
     first_seq: int,
+    found: Mapping[bytes, list[int]] | None = None,
 ) -> None:
     """Takes every process fact the chunk `lines` states (`joined` is `lines` joined by
     b"\\n"; a native batch's `line_at` finds their lines); only lines holding a trigger word
-    are parsed."""
+    are parsed. `found`: the lines holding each of TRIGGER_WORDS, when the caller has
+    looked already (the scanner, in one native pass for all its words)."""
     needles: tuple[bytes, ...] = _TRIGGERS
-    if state.table_rank is not None or b"local_rank" in joined:
+    has_local_rank = bool(found[b"local_rank"]) if found is not None else b"local_rank" in joined
+    if state.table_rank is not None or has_local_rank:
         needles = (*needles, _TABLE_EXIT_TRIGGER)
-    for index in lines_with(joined, needles, getattr(lines, "line_at", None)):
+    if found is None:
+        indexes = lines_with(joined, needles, getattr(lines, "line_at", None))
+    else:
+        indexes = sorted({index for needle in needles for index in found[needle]})
+    for index in indexes:
         size = _nccl_world_size(lines[index], needles)
         if size is not None:
             facts.world_size = max(size, facts.world_size or 0)

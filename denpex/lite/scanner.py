@@ -24,7 +24,7 @@ from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
-from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn, lines_with
+from denpex.lite.processes import TRIGGER_WORDS, JobFacts, LauncherState, innermost_frame, learn
 from denpex.series.log_watch import LogSeries
 
 LINE_CAP = 64 * 1024
@@ -44,6 +44,9 @@ _NCCL_HOST_AT_START = re.compile(rb"([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
 )
+# the words whose lines the learners read (and that say whether a batch holds SDK lines),
+# found in one native pass over each batch: a bytes.find per word would be a pass each
+_WORDS = (*TRIGGER_WORDS, b"busId", b" NCCL ", b"srun: error: ", STDERR_PREFIX)
 # captures that name the process a line is about ("Killed process 42431", "pid: 42431")
 _PID_CAPTURES = ("pid", "pid_table", "pid2", "worker_pid")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
@@ -108,6 +111,7 @@ class Scanner:
         self._sdk_ids: set[str] = set()
         self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
         self._splitter_cls = native.load("linebatch").LineBatcher
+        self._words = native.load("matcher").Matcher([re.escape(w.decode()) for w in _WORDS])
 
     # -- input ---------------------------------------------------------------------------
     def stream(
@@ -200,8 +204,11 @@ class Scanner:
             return parsed_cache[index]
 
         joined = lines.joined
-        self._learn_attribution(state, lines, joined, parsed_at, first_seq)
-        if STDERR_PREFIX in joined:
+        words: dict[bytes, list[int]] = {word: [] for word in _WORDS}
+        for line_index, word in self._words.scan(joined):
+            words[_WORDS[word]].append(line_index)
+        self._learn_attribution(state, lines, joined, parsed_at, first_seq, words)
+        if words[STDERR_PREFIX]:
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
         series = self.series.observe(joined, lines, parsed_at, first_seq, arrival_ns, state.name)
         if isinstance(lines, list):  # SDK lines were blanked
@@ -252,25 +259,32 @@ class Scanner:
                 break
 
     def _learn_attribution(
-        self, state: StreamState, lines: Any, joined: bytes, parsed_at, first_seq: int
+        self,
+        state: StreamState,
+        lines: Any,
+        joined: bytes,
+        parsed_at,
+        first_seq: int,
+        found: dict[bytes, list[int]],
     ) -> None:
-        """Learns who is who from the lines (`joined`: them joined by b"\\n")."""
-        learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq)
-        if b" NCCL " in joined and len(state.nccl_hosts) < 2:
+        """Learns who is who from the lines (`joined`: them joined by b"\\n"; `found`: the
+        lines holding each of _WORDS)."""
+        learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq, found)
+        if found[b" NCCL "] and len(state.nccl_hosts) < 2:
             for named in _NCCL_LINE_HOST.finditer(joined):
                 state.nccl_hosts.add(named.group(1).decode())
-        if b"busId" in joined:
-            for index in lines_with(joined, (b"busId",), lines.line_at):
+        if found[b"busId"]:
+            for index in found[b"busId"]:
                 line = lines[index]
-                found = _NCCL_COMM.search(line)
-                if found:
-                    host, rank = _host_of(line, parsed_at, index), int(found.group(1))
-                    self.rank_of_gpu[(host, int(found.group(3), 16))] = rank
-                    self.rank_of_device[(host, int(found.group(2)))] = rank
-        if b"srun: error: " in joined:
-            for found in _SRUN_TASKS.finditer(joined):
-                for rank in _rank_list(found.group(2).decode()):
-                    self.host_of_rank.setdefault(rank, found.group(1).decode())
+                comm = _NCCL_COMM.search(line)
+                if comm:
+                    host, rank = _host_of(line, parsed_at, index), int(comm.group(1))
+                    self.rank_of_gpu[(host, int(comm.group(3), 16))] = rank
+                    self.rank_of_device[(host, int(comm.group(2)))] = rank
+        if found[b"srun: error: "]:
+            for stated in _SRUN_TASKS.finditer(joined):
+                for rank in _rank_list(stated.group(2).decode()):
+                    self.host_of_rank.setdefault(rank, stated.group(1).decode())
 
     # -- SDK messages (`denpex-sdk: {json}` lines and the wrapper's socket) -----------------
     def _take_sdk_lines(
