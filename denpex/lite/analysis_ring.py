@@ -10,12 +10,13 @@ works across fork() for Python (multiprocessing queues pickle, lock and can bloc
 
 Layout of the MAP_SHARED mapping (created before fork), native 8-byte aligned words:
   producer line: write_pos, produced, dropped_bytes, dropped_chunks, producer_done, producer_waiting
-  consumer line: read_pos, consumer_sleeping;   then the data area (capacity, a multiple of 8).
+  consumer line: read_pos, consumer_sleeping;   then the data area (capacity, a multiple of 16).
 Positions are monotonic byte counters. A record is [u32 length][u8 stream][u8 flags][2 pad]
-[i64 arrival, ns since the epoch][payload padded to 8]; bit 0 of flags means analysis data
+[i64 arrival, ns since the epoch][payload padded to 16]; bit 0 of flags means analysis data
 was dropped just before it; the arrival is when the relay read the chunk, so a lagging
 analyzer still times each line by when the job printed it. A record
-may wrap: its payload continues at the start of the data area. The producer writes the record,
+may wrap: its payload continues at the start of the data area (never its header: records
+start at multiples of 16, the header's size). The producer writes the record,
 then publishes write_pos; the consumer reads write_pos, copies the payload out, then publishes
 read_pos. Each position is stored with one aligned 8-byte store (x86-64 keeps store order; on a
 weakly ordered CPU the worst case is a garbled *analysis* chunk: lengths are validated).
@@ -93,7 +94,7 @@ class AnalysisRing:
     """Single-producer/single-consumer byte ring in an anonymous shared mapping."""
 
     def __init__(self, capacity: int = 8 << 20) -> None:
-        self.capacity = max(4096, capacity - capacity % 8)
+        self.capacity = max(4096, capacity - capacity % _HDR)
         self._mm = mmap.mmap(-1, _DATA + self.capacity)  # MAP_SHARED | MAP_ANONYMOUS
         self._mv = memoryview(self._mm)
         self._data = self._mv[_DATA:]
@@ -112,7 +113,7 @@ class AnalysisRing:
         """Views of free space for up to max_len payload bytes, or None if < min_len fit."""
         cap = self.capacity
         free = cap - (self._w - self._words[_R]) - _HDR
-        n = min(max_len, free & ~7)
+        n = min(max_len, free & ~15)
         if n < min_len or n <= 0:
             return None
         start = (self._w + _HDR) % cap
@@ -131,7 +132,7 @@ class AnalysisRing:
         self._gap = False
         if self._tails and stream in self._tails:
             self._tails[stream].pos = self._tails[stream].filled = 0  # older than this record
-        self._w += _HDR + ((n + 7) & ~7)
+        self._w += _HDR + ((n + 15) & ~15)
         self._produced += n
         words = self._words
         words[_PRODUCED] = self._produced
@@ -242,7 +243,7 @@ class AnalysisRing:
         cap = self.capacity
         off = r % cap
         n, stream, flags, arrival_ns = _REC.unpack_from(self._mm, _DATA + off)
-        size = _HDR + ((n + 7) & ~7)
+        size = _HDR + ((n + 15) & ~15)
         if size > w - r or n > cap - _HDR:
             raise RingCorrupt(f"record of {n} bytes at {r} with {w - r} published")
         start = (off + _HDR) % cap

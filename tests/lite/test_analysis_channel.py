@@ -33,7 +33,7 @@ def pop3(ring: AnalysisRing):
 
 
 def record_size(n: int) -> int:
-    return HDR + ((n + 7) & ~7)
+    return HDR + ((n + 15) & ~15)
 
 
 @settings(max_examples=300, deadline=None)
