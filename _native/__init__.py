@@ -11,7 +11,7 @@ import importlib
 import os
 from types import ModuleType
 
-NATIVE_MODULES = ("linesplit", "matcher", "checksum", "ringbuf", "otlp_logs")
+NATIVE_MODULES = ("linesplit", "linebatch", "matcher", "checksum", "ringbuf", "otlp_logs")
 
 
 def extensions_disabled() -> bool:

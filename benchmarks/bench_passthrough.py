@@ -6,7 +6,13 @@ It must never report a number it did not measure in this run.
 
 Two rates per pipeline: `passthrough` (bytes / time from the first to the last byte reaching
 the final reader: what the wrapper does to a job's output) and `wall` (start of the pipeline
-to its end, including denpex's start-up, the analysis backlog and the report).
+to its end, including denpex's start-up, the analysis backlog and the report). Beside each
+denpex ratio, `read_fraction`: the share of the output the analysis actually read (the
+report's `dropped_analysis_bytes` is what it skipped to keep up). `--paced-mb-s` adds a job
+printing at that rate (default 200 MB/s), whose analysis must drop nothing.
+
+Runs the denpex of the interpreter that runs it (`pip install .` into a venv, as a user
+would); it never puts the source tree on the path.
 """
 
 from __future__ import annotations
@@ -24,8 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
 # The final reader of every pipeline: records when the first and the last byte arrived.
 SINK = r"""
 import json, os, sys, time
@@ -39,6 +43,22 @@ while True:
     first = last if first is None else first
     n += k
 json.dump({"bytes": n, "first": first, "last": last}, open(sys.argv[1], "w"))
+"""
+
+# A job printing a file at a fixed rate (MB/s), in 1 MiB writes on a steady schedule.
+PACER = r"""
+import os, sys, time
+path, rate = sys.argv[1], float(sys.argv[2]) * 1e6
+start, sent = time.monotonic(), 0
+with open(path, "rb") as f:
+    while chunk := f.read(1 << 20):
+        ahead = start + sent / rate - time.monotonic()
+        if ahead > 0:
+            time.sleep(ahead)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(1, view):]
+        sent += len(chunk)
 """
 
 
@@ -89,6 +109,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the log file lives")
     parser.add_argument("--skip-pty", action="store_true")
+    parser.add_argument("--paced-mb-s", type=float, default=200.0, help="0: no paced job")
     args = parser.parse_args()
 
     size = args.size_mb << 20
@@ -96,21 +117,20 @@ def main() -> None:
     if not log.exists() or log.stat().st_size != size:
         make_log(log, size)
     work = Path(tempfile.mkdtemp(prefix="denpex-bench-"))
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = dict(os.environ)
     py = shlex.quote(sys.executable)
     f = shlex.quote(str(log))
     sink_py = work / "sink.py"
     sink_py.write_text(SINK)
     out, report = work / "sink.json", work / "report.json"
     sink = f"{py} {sink_py} {out}"
+    pacer_py = work / "pacer.py"
+    pacer_py.write_text(PACER)
 
-    def denpex(mode: str, analysis: bool = True) -> str:
+    def denpex(mode: str, analysis: bool = True, job: str = f"cat {f}") -> str:
         if not analysis:  # the wrapper alone: shows what the analysis backlog adds to wall time
-            return f"{py} -m denpex run --{mode} --no-analysis -- cat {f}"
-        return f"{py} -m denpex run --{mode} --quiet --report {report} -- cat {f} 2>/dev/null"
+            return f"{py} -m denpex run --{mode} --no-analysis -- {job}"
+        return f"{py} -m denpex run --{mode} --quiet --report {report} -- {job} 2>/dev/null"
 
     pipelines = {
         "pipe_baseline": f"cat {f} | cat | {sink}",
@@ -122,9 +142,16 @@ def main() -> None:
             f"script -qfec {shlex.quote('cat ' + str(log))} /dev/null | {sink}"
         )
         pipelines["pty_denpex"] = f"{denpex('pty')} | {sink}"
+    if args.paced_mb_s > 0:
+        paced = f"{py} {pacer_py} {f} {args.paced_mb_s}"
+        pipelines["paced_pipe_denpex"] = f"{denpex('no-pty', job=paced)} | {sink}"
+        if "pty_denpex" in pipelines:
+            pipelines["paced_pty_denpex"] = f"{denpex('pty', job=paced)} | {sink}"
     subprocess.run(["cat", str(log)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
     samples: dict[str, list[dict[str, float]]] = {name: [] for name in pipelines}
-    dropped: dict[str, list[int]] = {"pipe_denpex": [], "pty_denpex": []}
+    dropped: dict[str, list[int]] = {
+        name: [] for name in pipelines if "denpex" in name and "no_analysis" not in name
+    }
     for _ in range(args.runs):  # interleaved, so drift hits every pipeline alike
         for name, pipeline in pipelines.items():
             samples[name].append(timed(pipeline, out, env))
@@ -134,7 +161,9 @@ def main() -> None:
     result: dict[str, object] = {
         "size_mb": args.size_mb,
         "runs": args.runs,
-        "denpex": "python -m denpex run",
+        "denpex": f"{sys.executable} -m denpex run",
+        "paced_mb_s": args.paced_mb_s,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     for name, runs in samples.items():
         mb = runs[0]["bytes"] / 1e6
@@ -144,7 +173,10 @@ def main() -> None:
             "wall_s": round(statistics.median(r["wall_s"] for r in runs), 3),
         }
         if name in dropped:
-            result[name]["dropped_analysis_bytes"] = int(statistics.median(dropped[name]))  # type: ignore[index]
+            lost = int(statistics.median(dropped[name]))
+            result[name]["dropped_analysis_bytes"] = lost  # type: ignore[index]
+            result[name]["dropped_analysis_bytes_max"] = max(dropped[name])  # type: ignore[index]
+            result[name]["read_fraction"] = round(1 - lost / runs[0]["bytes"], 4)  # type: ignore[index]
     for kind, ours_name in (
         ("pipe", "pipe_denpex"),
         ("pty", "pty_denpex"),
@@ -156,7 +188,16 @@ def main() -> None:
             for metric in ("passthrough_mb_s", "wall_mb_s"):
                 ratio = ours[metric] / base[metric]  # type: ignore[index]
                 result[f"{kind}{suffix}_ratio_{metric.removesuffix('_mb_s')}"] = round(ratio, 3)
-    result["targets"] = {"pipe_ratio_passthrough": 0.9, "pty_ratio_passthrough": 1.0}
+            if "read_fraction" in ours:  # type: ignore[operator]
+                result[f"{kind}{suffix}_read_fraction"] = ours["read_fraction"]  # type: ignore[index]
+    result["targets"] = {
+        "pipe_ratio_passthrough": 0.9,
+        "pty_ratio_passthrough": 1.0,
+        "paced_dropped_analysis_bytes": 0,
+    }
+    result["paced_dropped_nothing"] = all(
+        max(dropped[name]) == 0 for name in dropped if name.startswith("paced_")
+    )
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=2))
 

@@ -54,6 +54,11 @@ class Catalog:
         """Every (line, signature) match over `lines`, in line order."""
         return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan_lines(lines)]
 
+    def match_joined(self, joined: bytes) -> list[Match]:
+        """Every (line, signature) match over lines joined by b"\\n" (none of them holding
+        one), in line order: the same as match_lines on them, without a list of lines."""
+        return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan(joined)]
+
     def example_errors(self) -> list[str]:
         """Examples that disagree with the compiled matcher, and summary fields that no
         example captures: 'file:line: id: message'."""

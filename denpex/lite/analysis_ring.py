@@ -10,10 +10,13 @@ works across fork() for Python (multiprocessing queues pickle, lock and can bloc
 
 Layout of the MAP_SHARED mapping (created before fork), native 8-byte aligned words:
   producer line: write_pos, produced, dropped_bytes, dropped_chunks, producer_done, producer_waiting
-  consumer line: read_pos, consumer_sleeping;   then the data area (capacity, a multiple of 8).
+  consumer line: read_pos, consumer_sleeping;   then the data area (capacity, a multiple of 16).
 Positions are monotonic byte counters. A record is [u32 length][u8 stream][u8 flags][2 pad]
-[payload padded to 8]; bit 0 of flags means analysis data was dropped just before it. A record
-may wrap: its payload continues at the start of the data area. The producer writes the record,
+[i64 arrival, ns since the epoch][payload padded to 16]; bit 0 of flags means analysis data
+was dropped just before it; the arrival is when the relay read the chunk, so a lagging
+analyzer still times each line by when the job printed it. A record
+may wrap: its payload continues at the start of the data area (never its header: records
+start at multiples of 16, the header's size). The producer writes the record,
 then publishes write_pos; the consumer reads write_pos, copies the payload out, then publishes
 read_pos. Each position is stored with one aligned 8-byte store (x86-64 keeps store order; on a
 weakly ordered CPU the worst case is a garbled *analysis* chunk: lengths are validated).
@@ -28,12 +31,13 @@ import mmap
 import os
 import select
 import struct
+import time
 from collections.abc import Callable, Sequence
 
 GAP = 1  # record flag: analysis data was dropped just before this record
 TAIL_BYTES = 64 << 10  # per stream: newest dropped bytes handed to analysis after the run
 
-_REC = struct.Struct("=IBBxx")
+_REC = struct.Struct("=IBBxxq")
 # Header words, as indexes into a memoryview cast to "Q": an item is read or written with one
 # aligned 8-byte access. (Never struct.pack_into here: it zeroes the field before writing it.)
 _W, _PRODUCED, _DROPPED, _DROPPED_CHUNKS, _DONE, _PWAIT = range(6)  # the producer's cache line
@@ -60,13 +64,15 @@ def _drain(fd: int) -> None:
 class _Tail:
     """The newest bytes of one stream that analysis had to drop (a circular buffer)."""
 
-    __slots__ = ("buf", "filled", "pos")
+    __slots__ = ("arrival_ns", "buf", "filled", "pos")
 
     def __init__(self, size: int) -> None:
         self.buf = bytearray(size)
         self.pos = self.filled = 0
+        self.arrival_ns = 0  # when the newest of them arrived
 
     def keep(self, data: memoryview) -> None:
+        self.arrival_ns = time.time_ns()
         n, size, pos = len(data), len(self.buf), self.pos
         if n >= size:
             self.buf[:] = data[n - size :]
@@ -88,7 +94,7 @@ class AnalysisRing:
     """Single-producer/single-consumer byte ring in an anonymous shared mapping."""
 
     def __init__(self, capacity: int = 8 << 20) -> None:
-        self.capacity = max(4096, capacity - capacity % 8)
+        self.capacity = max(4096, capacity - capacity % _HDR)
         self._mm = mmap.mmap(-1, _DATA + self.capacity)  # MAP_SHARED | MAP_ANONYMOUS
         self._mv = memoryview(self._mm)
         self._data = self._mv[_DATA:]
@@ -107,7 +113,7 @@ class AnalysisRing:
         """Views of free space for up to max_len payload bytes, or None if < min_len fit."""
         cap = self.capacity
         free = cap - (self._w - self._words[_R]) - _HDR
-        n = min(max_len, free & ~7)
+        n = min(max_len, free & ~15)
         if n < min_len or n <= 0:
             return None
         start = (self._w + _HDR) % cap
@@ -116,14 +122,17 @@ class AnalysisRing:
             return (self._data[start:end],)
         return (self._data[start:], self._data[: end - cap])
 
-    def commit(self, stream: int, n: int) -> None:
-        """Publish n payload bytes written into the views of the last reserve()."""
+    def commit(self, stream: int, n: int, arrival_ns: int | None = None) -> None:
+        """Publish n payload bytes written into the views of the last reserve(), read from
+        the job at `arrival_ns` (default: now)."""
         mm = self._mm
-        _REC.pack_into(mm, _DATA + self._w % self.capacity, n, stream, GAP if self._gap else 0)
+        flags = GAP if self._gap else 0
+        arrival = time.time_ns() if arrival_ns is None else arrival_ns
+        _REC.pack_into(mm, _DATA + self._w % self.capacity, n, stream, flags, arrival)
         self._gap = False
         if self._tails and stream in self._tails:
             self._tails[stream].pos = self._tails[stream].filled = 0  # older than this record
-        self._w += _HDR + ((n + 7) & ~7)
+        self._w += _HDR + ((n + 15) & ~15)
         self._produced += n
         words = self._words
         words[_PRODUCED] = self._produced
@@ -151,15 +160,22 @@ class AnalysisRing:
         words are at the end) that no later record covers, where room(n) gets space for n."""
         for stream, tail in self._tails.items():
             data = tail.take()[-(self.capacity // 4) :]
-            if data and room(len(data)) and self.push(stream, data, gap=True):
+            arrival = tail.arrival_ns
+            if data and room(len(data)) and self.push(stream, data, gap=True, arrival_ns=arrival):
                 self._produced -= len(data)  # counted once already, as dropped
                 self._dropped -= len(data)
         self._publish_stats()
 
-    def push(self, stream: int, data: bytes | bytearray | memoryview, gap: bool = False) -> bool:
+    def push(
+        self,
+        stream: int,
+        data: bytes | bytearray | memoryview,
+        gap: bool = False,
+        arrival_ns: int | None = None,
+    ) -> bool:
         """Copy data into the ring (split into records of at most capacity/2); False = dropped.
 
-        gap: mark the first record as following lost data."""
+        gap: mark the first record as following lost data; arrival_ns: when it was read."""
         self._gap = self._gap or gap
         view = memoryview(data).cast("B")
         limit = self.capacity // 2
@@ -173,7 +189,7 @@ class AnalysisRing:
             views[0][:] = piece[:first]
             if len(views) > 1:
                 views[1][:] = piece[first:]
-            self.commit(stream, len(piece))
+            self.commit(stream, len(piece), arrival_ns)
             view = view[len(piece) :]
         return True
 
@@ -218,16 +234,16 @@ class AnalysisRing:
         words = self._words
         return words[_PRODUCED], words[_DROPPED], words[_DROPPED_CHUNKS]
 
-    def pop(self) -> tuple[int, bytes, bool] | None:
-        """Next record as (stream, payload, gap), or None when the ring is empty."""
+    def pop(self) -> tuple[int, bytes, bool, int] | None:
+        """Next record as (stream, payload, gap, arrival ns), or None when it is empty."""
         w = self._words[_W]
         r = self._r
         if r == w:
             return None
         cap = self.capacity
         off = r % cap
-        n, stream, flags = _REC.unpack_from(self._mm, _DATA + off)
-        size = _HDR + ((n + 7) & ~7)
+        n, stream, flags, arrival_ns = _REC.unpack_from(self._mm, _DATA + off)
+        size = _HDR + ((n + 15) & ~15)
         if size > w - r or n > cap - _HDR:
             raise RingCorrupt(f"record of {n} bytes at {r} with {w - r} published")
         start = (off + _HDR) % cap
@@ -237,7 +253,7 @@ class AnalysisRing:
         else:
             data = bytes(self._data[start:]) + bytes(self._data[: end - cap])
         self._release(r + size)
-        return stream, data, bool(flags & GAP)
+        return stream, data, bool(flags & GAP), arrival_ns
 
     def discard_all(self) -> None:
         """Skip everything published so far (used once analysis has failed)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from denpex.lite.prefixes import parse_line
@@ -38,8 +38,11 @@ _FRAME = re.compile(rb'^[ \t]{1,16}File "([^"\n]{1,1024})", line (\d{1,9}), in (
 # lines worth parsing hold one of these (each costs one bytes.find over a chunk); a table's
 # `exitcode : … (pid: N)` line is looked for only after its `rank : … (local_rank: …)` line,
 # its `host :` line and a traceback's frames are looked up from the line that needs them
-_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", b" nranks ")
+_NRANKS_TRIGGER = b" nranks "
+_NCCL_NRANKS = re.compile(rb" rank \d{1,6} nranks (\d{1,7}) cudaDev ")
+_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", _NRANKS_TRIGGER)
 _TABLE_EXIT_TRIGGER = b"(pid: "
+TRIGGER_WORDS = (*_TRIGGERS, _TABLE_EXIT_TRIGGER)  # what `learn` may look for
 _TABLE_REACH = 4  # lines between a table's `rank` line and its `exitcode` line
 _KILLING_REACH = 20  # lines between two `Killing subprocess` lines of one burst
 _FRAME_REACH = 4  # lines between a traceback's innermost frame and its exception line
@@ -109,25 +112,57 @@ class JobFacts:
 def learn(
     facts: JobFacts,
     state: LauncherState,
-    lines: list[bytes],
+    lines: Sequence[bytes],
     joined: bytes,
     parsed_at: Callable,
     first_seq: int,
+    found: Mapping[bytes, list[int]] | None = None,
 ) -> None:
     """Takes every process fact the chunk `lines` states (`joined` is `lines` joined by
-    b"\\n"); only lines holding a trigger word are parsed."""
+    b"\\n"; a native batch's `line_at` finds their lines); only lines holding a trigger word
+    are parsed. `found`: the lines holding each of TRIGGER_WORDS, when the caller has
+    looked already (the scanner, in one native pass for all its words)."""
     needles: tuple[bytes, ...] = _TRIGGERS
-    if state.table_rank is not None or b"local_rank" in joined:
+    has_local_rank = bool(found[b"local_rank"]) if found is not None else b"local_rank" in joined
+    if state.table_rank is not None or has_local_rank:
         needles = (*needles, _TABLE_EXIT_TRIGGER)
-    for index in lines_with(joined, needles):
+    if found is None:
+        indexes = lines_with(joined, needles, getattr(lines, "line_at", None))
+    else:
+        indexes = sorted({index for needle in needles for index in found[needle]})
+    for index in indexes:
+        size = _nccl_world_size(lines[index], needles)
+        if size is not None:
+            facts.world_size = max(size, facts.world_size or 0)
+            continue
         before = _Before(state, lines, index, parsed_at)
         _process_line(facts, state, parsed_at(index), first_seq + index, before)
-    state.tail = lines[-_TAIL:]
+    state.tail = list(lines[-_TAIL:])
 
 
-def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
+def _nccl_world_size(line: bytes, needles: tuple[bytes, ...]) -> int | None:
+    """The world size of a line whose one fact is NCCL's `rank R nranks N cudaDev` (every
+    NCCL communicator prints one: thousands in a long log), read without parsing its
+    prefixes, or None when the line may hold another fact. Exact: no prefix parse_line
+    strips ends in `rank R `, so the words are in the body; a journal record is parsed."""
+    if line[:1] == b"{" or any(n in line for n in needles if n != _NRANKS_TRIGGER):
+        return None
+    stated = list(_WORLD_SIZE.finditer(line))
+    if len(stated) != 1 or stated[0].group(4) is None:
+        return None
+    comm = _NCCL_NRANKS.search(line)
+    if comm is None or comm.end(1) != stated[0].end(4):
+        return None
+    return int(comm.group(1))
+
+
+def lines_with(
+    joined: bytes, needles: tuple[bytes, ...], line_at: Callable[[int], int] | None = None
+) -> list[int]:
     """Indexes of the lines of `joined` that hold any of `needles`, in order; found with
-    bytes.find and counted with bytes.count, so a chunk without them costs a few scans."""
+    bytes.find, and turned into line indexes by `line_at` (a native batch's, from the
+    offset of a byte) or else counted with bytes.count: a chunk without them costs a few
+    scans."""
     hits = []
     for needle in needles:
         at = joined.find(needle)
@@ -137,8 +172,11 @@ def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
     indexes: list[int] = []
     line = last = 0
     for at in sorted(hits):
-        line += joined.count(b"\n", last, at)
-        last = at
+        if line_at is not None:
+            line = line_at(at)
+        else:
+            line += joined.count(b"\n", last, at)
+            last = at
         if not indexes or indexes[-1] != line:
             indexes.append(line)
     return indexes
@@ -147,7 +185,7 @@ def lines_with(joined: bytes, needles: tuple[bytes, ...]) -> list[int]:
 class _Before:
     """The lines just above one line: earlier in its chunk, then the previous chunk's tail."""
 
-    def __init__(self, state: LauncherState, lines: list[bytes], index: int, parsed_at) -> None:
+    def __init__(self, state: LauncherState, lines: Sequence[bytes], index: int, parsed_at) -> None:
         self.state, self.lines, self.index, self.parsed_at = state, lines, index, parsed_at
 
     def parsed(self, back: int):

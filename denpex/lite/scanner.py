@@ -1,7 +1,9 @@
 """Turns raw output bytes into Evidence: line splitting, ANSI stripping, catalog matching.
 
-Lines are matched in batches on their raw bytes; only lines that match are parsed for
-prefixes (rank, host, time), so ordinary output costs one pass of the matcher. Each piece of
+Each chunk is split and cleaned (ANSI escapes, quote markers) in one native pass into one
+buffer of lines (`denpex._native.linebatch`), which the matcher and every bytes.find read as
+a whole; only lines that match, or hold a word a learner looks for, become Python objects
+and are parsed for prefixes (rank, host, time), so ordinary output costs two native passes. Each piece of
 evidence keeps where it came from (attrs `file`, `line`, and `frame` for a traceback) and,
 on a live stream, the time its first byte arrived. A line without a rank of its own never
 takes a neighbour's: only the stream's own rank (a file name, `--rank`) or its process (a
@@ -16,17 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import denpex._native as native
+from denpex._native.linebatch_ref import ANSI
 from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
-from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, unquote, year_in
-from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn
+from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
+from denpex.lite.processes import TRIGGER_WORDS, JobFacts, LauncherState, innermost_frame, learn
 from denpex.series.log_watch import LogSeries
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
-_ANSI = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 _LOOKBACK_FOR_TIME = 40
 # facts a job states about itself, used to attribute evidence to hosts and ranks: NCCL's
 # "comm 0x… rank 13 nranks 16 cudaDev 5 nvmlDev 5 busId 3b000" (GPU → rank); launcher
@@ -38,9 +40,13 @@ _NCCL_COMM = re.compile(
 _NCCL_LINE_HOST = re.compile(
     rb"(?:^|[ :\]])([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1,10} \[\d{1,3}\] ", re.MULTILINE
 )
+_NCCL_HOST_AT_START = re.compile(rb"([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1,10} \[\d{1,3}\] ")
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
 )
+# the words whose lines the learners read (and that say whether a batch holds SDK lines),
+# found in one native pass over each batch: a bytes.find per word would be a pass each
+_WORDS = (*TRIGGER_WORDS, b"busId", b" NCCL ", b"srun: error: ", STDERR_PREFIX)
 # captures that name the process a line is about ("Killed process 42431", "pid: 42431")
 _PID_CAPTURES = ("pid", "pid_table", "pid2", "worker_pid")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
@@ -56,7 +62,7 @@ def pci_bus_id(pci: str) -> int | None:
 
 
 def strip_ansi(line: bytes) -> bytes:
-    return _ANSI.sub(b"", line) if b"\x1b" in line else line
+    return ANSI.sub(b"", line) if b"\x1b" in line else line
 
 
 @dataclass(slots=True)
@@ -64,7 +70,7 @@ class StreamState:
     """Per input stream (a file, the child's stdout, stdin): partial line and defaults."""
 
     name: str
-    splitter: Any  # a LineSplitter, native or reference
+    splitter: Any  # a LineBatcher, native or reference
     host: str | None = None
     rank: int | None = None
     last_ts_ns: int | None = None
@@ -104,7 +110,8 @@ class Scanner:
         self.coverage_lost: list[dict[str, Any]] = []
         self._sdk_ids: set[str] = set()
         self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
-        self._splitter_cls = native.load("linesplit").LineSplitter
+        self._splitter_cls = native.load("linebatch").LineBatcher
+        self._words = native.load("matcher").Matcher([re.escape(w.decode()) for w in _WORDS])
 
     # -- input ---------------------------------------------------------------------------
     def stream(
@@ -174,38 +181,42 @@ class Scanner:
     def _scan(
         self,
         state: StreamState,
-        lines: list[bytes],
+        lines: Any,
         arrival_ns: int | None = None,
         *,
         data: bytes = b"",
         continued: bool = False,
     ) -> None:
-        """Match one batch of complete lines. `data` is the chunk they came from (for line
-        numbers); `continued`: the first line began in an earlier chunk."""
-        if not lines:
+        """Match one batch of complete lines (a linebatch Batch: cleaned, joined). `data` is
+        the chunk they came from; `continued`: the first line began in an earlier chunk."""
+        if not len(lines):
             return
-        raw_lines = lines
-        lines = [unquote(strip_ansi(line)) for line in lines]
         first_seq = self._seq + 1
         self._seq += len(lines)
         self.lines += len(lines)
         parsed_cache: dict[int, ParsedLine] = {}
         if state.year is None:
-            state.year = year_in(b"\n".join(lines[:2000]))
+            state.year = year_in(lines.head(2000))
 
         def parsed_at(index: int) -> ParsedLine:
             if index not in parsed_cache:
                 parsed_cache[index] = parse_line(lines[index], state.year)
             return parsed_cache[index]
 
-        joined = self._learn_attribution(state, lines, parsed_at, first_seq)
-        if STDERR_PREFIX in joined:
+        joined = lines.joined
+        words: dict[bytes, list[int]] = {word: [] for word in _WORDS}
+        for line_index, word in self._words.scan(joined):
+            words[_WORDS[word]].append(line_index)
+        self._learn_attribution(state, lines, joined, parsed_at, first_seq, words)
+        if words[STDERR_PREFIX]:
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
         series = self.series.observe(joined, lines, parsed_at, first_seq, arrival_ns, state.name)
+        if isinstance(lines, list):  # SDK lines were blanked
+            joined = b"\n".join(lines)
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
         best: dict[tuple[int, str], Match] = {}
-        for match in self.catalog.match_lines(lines):
+        for match in self.catalog.match_joined(joined):
             key = (match.line_index, match.signature.category)
             kept = best.get(key)
             if kept is None or severity_rank(match.signature.severity) > severity_rank(
@@ -216,14 +227,11 @@ class Scanner:
             if (index, found.category) not in best:
                 self._add_detected(found)
         matched = sorted(best.values(), key=lambda m: m.line_index)
-        numbers = _line_numbers(
-            state, data, raw_lines, sorted({m.line_index for m in matched}), continued
-        )
         for match in matched:
             parsed = parsed_at(match.line_index)
-            if match.line_index in numbers:
+            if data or (continued and match.line_index == 0):
                 parsed.attrs["file"] = state.name
-                parsed.attrs["line"] = numbers[match.line_index]
+                parsed.attrs["line"] = _line_number(state, lines, match.line_index, continued)
             # a live line is timed by its first byte: a line that began in an earlier chunk
             # arrived then, not when its end (or the process's exit) flushed it
             if "frame" not in parsed.attrs:  # a line matched for two categories: looked up once
@@ -251,31 +259,36 @@ class Scanner:
                 break
 
     def _learn_attribution(
-        self, state: StreamState, lines: list[bytes], parsed_at, first_seq: int
-    ) -> bytes:
-        """Learns who is who from the lines; returns them joined (one copy, reused)."""
-        joined = b"\n".join(lines)
-        learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq)
-        if b" NCCL " in joined and len(state.nccl_hosts) < 2:
+        self,
+        state: StreamState,
+        lines: Any,
+        joined: bytes,
+        parsed_at,
+        first_seq: int,
+        found: dict[bytes, list[int]],
+    ) -> None:
+        """Learns who is who from the lines (`joined`: them joined by b"\\n"; `found`: the
+        lines holding each of _WORDS)."""
+        learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq, found)
+        if found[b" NCCL "] and len(state.nccl_hosts) < 2:
             for named in _NCCL_LINE_HOST.finditer(joined):
                 state.nccl_hosts.add(named.group(1).decode())
-        if b"busId" in joined:
-            for index, line in enumerate(lines):
-                if b"busId" in line:
-                    found = _NCCL_COMM.search(line)
-                    if found:
-                        host, rank = parsed_at(index).host, int(found.group(1))
-                        self.rank_of_gpu[(host, int(found.group(3), 16))] = rank
-                        self.rank_of_device[(host, int(found.group(2)))] = rank
-        if b"srun: error: " in joined:
-            for found in _SRUN_TASKS.finditer(joined):
-                for rank in _rank_list(found.group(2).decode()):
-                    self.host_of_rank.setdefault(rank, found.group(1).decode())
-        return joined
+        if found[b"busId"]:
+            for index in found[b"busId"]:
+                line = lines[index]
+                comm = _NCCL_COMM.search(line)
+                if comm:
+                    host, rank = _host_of(line, parsed_at, index), int(comm.group(1))
+                    self.rank_of_gpu[(host, int(comm.group(3), 16))] = rank
+                    self.rank_of_device[(host, int(comm.group(2)))] = rank
+        if found[b"srun: error: "]:
+            for stated in _SRUN_TASKS.finditer(joined):
+                for rank in _rank_list(stated.group(2).decode()):
+                    self.host_of_rank.setdefault(rank, stated.group(1).decode())
 
     # -- SDK messages (`denpex-sdk: {json}` lines and the wrapper's socket) -----------------
     def _take_sdk_lines(
-        self, state: StreamState, lines: list[bytes], parsed_at, first_seq: int
+        self, state: StreamState, lines: Any, parsed_at, first_seq: int
     ) -> list[bytes]:
         """SDK lines become their Evidence directly; they are blanked so that no signature
         matches the JSON a second time (blank, not removed: line indexes stay aligned)."""
@@ -505,33 +518,22 @@ def _advance(state: StreamState, data: bytes, arrival_ns: int | None) -> None:
     state.newlines += newlines
 
 
-def _line_numbers(
-    state: StreamState, data: bytes, lines: list[bytes], wanted: list[int], continued: bool
-) -> dict[int, int]:
-    """Line numbers (from 1, counting b"\n") of the lines at `wanted` (sorted indexes into
-    `lines`, the splitter's output for `data`), found by searching `data` for each line at a
-    line start: only matched lines pay for this, at the speed of bytes.find."""
-    numbers: dict[int, int] = {}
-    pos = count_pos = 0
-    count = state.newlines
-    if continued:
-        ends = [i for i in (data.find(b"\n"), data.find(b"\r")) if i >= 0]
-        pos = min(ends) if ends else len(data)
-    for index in wanted:
-        if index == 0 and continued:
-            numbers[0] = state.partial_line
-            continue
-        line = lines[index]
-        at = data.find(line, pos)
-        while at > 0 and data[at - 1 : at] not in (b"\n", b"\r"):
-            at = data.find(line, at + 1)
-        if at < 0:
-            break
-        count += data.count(b"\n", count_pos, at)
-        count_pos = pos = at
-        numbers[index] = count + 1
-        pos = at + len(line)
-    return numbers
+def _line_number(state: StreamState, lines: Any, index: int, continued: bool) -> int:
+    """The line number (from 1, counting b"\\n") of line `index` of a batch of `state`'s
+    stream, fed after state.newlines newlines; a line begun in an earlier chunk has the
+    number it got when it began."""
+    if index == 0 and continued:
+        return state.partial_line
+    return state.newlines + lines.newlines_before(index) + 1
+
+
+def _host_of(line: bytes, parsed_at, index: int) -> str | None:
+    """The host whose NCCL printed `line`: a line that starts with NCCL's own prefix
+    ("node7:4100:4100 [3] ", the host starting with a letter: no time) has no other prefix
+    (none of parse_line's patterns matches there), so its host is read off that prefix
+    without parsing the whole line."""
+    found = _NCCL_HOST_AT_START.match(line)
+    return found.group(1).decode() if found else parsed_at(index).host
 
 
 def _rank_list(text: str) -> list[int]:

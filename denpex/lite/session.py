@@ -202,9 +202,11 @@ class LiteSession:
         class _Tee:
             """The runner's session protocol for a stream whose end is not a job's exit."""
 
-            def feed(self, stream: int, data: bytes, gap: bool) -> None:
+            def feed(
+                self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None
+            ) -> None:
                 session.inputs.total_bytes += len(data)
-                session.feed(stream, data, gap)
+                session.feed(stream, data, gap, arrival_ns)
 
             def tick(self) -> None:
                 pass
@@ -224,10 +226,12 @@ class LiteSession:
         return result.analysis_status if result.analysis_status in (0, 1) else 2
 
     # -- the runner's AnalysisSession protocol ---------------------------------------------
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
-        # a live stream: lines without a time of their own get the time they arrived
+    def feed(self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None) -> None:
+        # a live stream: lines without a time of their own get the time they arrived (the
+        # relay's stamp when it has one: the analyzer may run behind the job)
         name = STREAM_NAMES.get(stream, f"fd{stream}")
-        self._scan(name, data, gap=gap, arrival_ns=time.time_ns())
+        arrived = time.time_ns() if arrival_ns is None else arrival_ns
+        self._scan(name, data, gap=gap, arrival_ns=arrived)
 
     def tick(self) -> None:
         if self.job is not None:

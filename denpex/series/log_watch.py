@@ -145,7 +145,8 @@ class LogSeries:
         if not wants(joined):
             return []
         found: list[tuple[int, Evidence]] = []
-        if len(joined) != _joined_len(lines):  # the scanner blanked SDK lines since joining
+        # the scanner blanked SDK lines since joining (a native batch is never edited: a list)
+        if isinstance(lines, list) and len(joined) != _joined_len(lines):
             joined = b"\n".join(lines)
         # reading numbers costs tens of µs a line: a long log's are sampled (sampling.py)
         read = self.sampler.lines_to_read(job, joined)

@@ -244,7 +244,7 @@ def test_doctor_runs_and_reports_native_backends(binary):
     assert result.returncode == 0, result.stderr
     checks = {c["check"]: c for c in json.loads(result.stdout)}
     assert "(frozen)" in checks["denpex"]["detail"]
-    for name in ("linesplit", "matcher", "checksum", "ringbuf"):
+    for name in ("linesplit", "linebatch", "matcher", "checksum", "ringbuf"):
         assert checks[f"backend {name}"]["detail"] == "native"
     assert "pip install" in checks["SDK"]["detail"]
 

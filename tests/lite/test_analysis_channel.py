@@ -20,11 +20,20 @@ from hypothesis import strategies as st
 from denpex.lite.analysis_channel import ANALYSIS_FAILED, Analyzer
 from denpex.lite.analysis_ring import AnalysisRing
 
-HDR = 8
+HDR = 16  # length, stream, flags, padding, arrival time
+
+
+def pop3(ring: AnalysisRing):
+    """(stream, payload, gap) of the next record, its arrival time checked to be a time."""
+    record = ring.pop()
+    if record is None:
+        return None
+    assert record[3] > 1_700_000_000 * 10**9  # ns since the epoch, stamped by the producer
+    return record[:3]
 
 
 def record_size(n: int) -> int:
-    return HDR + ((n + 7) & ~7)
+    return HDR + ((n + 15) & ~15)
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,7 +72,7 @@ def test_ring_matches_a_queue_model(capacity: int, ops: list[tuple[str, int, int
                     dropped_chunks += 1
             else:
                 for _ in range(arg):
-                    got = ring.pop()
+                    got = pop3(ring)
                     if not model:
                         assert got is None
                         break
@@ -73,7 +82,7 @@ def test_ring_matches_a_queue_model(capacity: int, ops: list[tuple[str, int, int
         assert ring.dropped_bytes == dropped_bytes and ring.dropped_chunks == dropped_chunks
         assert ring.stats()[1:] == (dropped_bytes, dropped_chunks)
         while model:
-            assert ring.pop() == model.popleft()
+            assert pop3(ring) == model.popleft()
         assert ring.pop() is None
     finally:
         ring.close()
@@ -82,18 +91,34 @@ def test_ring_matches_a_queue_model(capacity: int, ops: list[tuple[str, int, int
 def test_zero_copy_reserve_wraps_into_two_views() -> None:
     ring = AnalysisRing(4096)
     try:
-        for size in (2040, 1016):  # two records: 2048 + 1024 bytes of the 4096
+        for size in (2032, 1008):  # two records: 2048 + 1024 bytes of the 4096
             assert ring.push(1, b"a" * size)
-            assert ring.pop() == (1, b"a" * size, False)
+            assert pop3(ring) == (1, b"a" * size, False)
         views = ring.reserve(2000, 1)
-        assert views is not None and len(views) == 2  # payload starts at 3080, wraps at 4096
-        assert len(views[0]) == 4096 - 3080
+        assert views is not None and len(views) == 2  # payload starts at 3088, wraps at 4096
+        assert len(views[0]) == 4096 - 3088
         data = bytes(range(256)) * 8
         first = len(views[0])
         views[0][:] = data[:first]
         views[1][: 2000 - first] = data[first:2000]
         ring.commit(2, 2000)
-        assert ring.pop() == (2, data[:2000], False)
+        assert pop3(ring) == (2, data[:2000], False)
+    finally:
+        ring.close()
+
+
+def test_a_record_carries_the_time_its_chunk_was_read() -> None:
+    """A lagging analyzer times lines by when the relay read them, not when it pops them."""
+    ring = AnalysisRing(4096)
+    try:
+        before = time.time_ns()
+        assert ring.push(1, b"early\n")
+        after = time.time_ns()
+        assert ring.push(1, b"given\n", arrival_ns=42)
+        time.sleep(0.05)
+        first, second = ring.pop(), ring.pop()
+        assert first is not None and before <= first[3] <= after
+        assert second is not None and second[3] == 42
     finally:
         ring.close()
 
@@ -115,9 +140,9 @@ def test_gap_flag_marks_the_record_after_a_drop() -> None:
     try:
         assert ring.push(1, b"x" * 2048)
         assert not ring.push(1, b"y" * 2048)  # no room: dropped
-        assert ring.pop() == (1, b"x" * 2048, False)
+        assert pop3(ring) == (1, b"x" * 2048, False)
         assert ring.push(2, b"z")
-        assert ring.pop() == (2, b"z", True)
+        assert pop3(ring) == (2, b"z", True)
         assert ring.stats() == (2048 * 2 + 1, 2048, 1)
     finally:
         ring.close()
@@ -142,7 +167,7 @@ def test_tail_of_dropped_bytes_reaches_analysis(sizes: list[int], committed_afte
         total_dropped = ring.dropped_bytes
         records = []
         ring.push_tails(lambda n: True)
-        while (rec := ring.pop()) is not None:
+        while (rec := pop3(ring)) is not None:
             records.append(rec)
         tail = dropped[-(64 << 10) :]
         assert records[-1] == (1, tail, True)
@@ -181,7 +206,7 @@ def test_concurrent_producer_and_consumer_agree(tmp_path: Path) -> None:
                         break
                     ring.wait(0.05)
                     continue
-                stream, data, gap = rec
+                stream, data, gap, _ = rec
                 seq = int.from_bytes(data[:8], "little")
                 if data != data[:8] * (len(data) // 8) or stream != 1 + seq % 2:
                     text = f"bad payload in record {seq}"
@@ -216,7 +241,7 @@ class HashSession:
         self.sha = hashlib.sha256()
         self.n = self.gaps = self.ticks = 0
 
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+    def feed(self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None) -> None:
         self.sha.update(data)
         self.n += len(data)
         self.gaps += gap
@@ -314,3 +339,15 @@ def test_abort_never_builds_a_session(tmp_path: Path) -> None:
     assert not marker.exists()
     with pytest.raises(ChildProcessError):
         os.waitpid(analyzer.pid, os.WNOHANG)
+
+
+def test_the_session_times_an_untimed_line_by_the_relay_stamp() -> None:
+    from denpex.catalog import load_catalog
+    from denpex.lite.session import LiteSession, ReportOptions
+
+    session = LiteSession(load_catalog(), ReportOptions(text=False))
+    oom = b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0\n"
+    session.feed(1, b"[rank0]:" + oom, False, 1_700_000_000_123_000_000)
+    (evidence,) = session.scanner.evidence
+    assert evidence.event.ts_ns == 1_700_000_000_123_000_000
+    assert evidence.event.attrs["ts_arrival"] is True

@@ -33,7 +33,7 @@ class CountSession:
         self.ticks = 0
         self.last = b""
 
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+    def feed(self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None) -> None:
         if self.delay:
             time.sleep(self.delay)
         self.bytes[stream] += len(data)
@@ -59,14 +59,14 @@ class CountSession:
 
 
 class FailingSession(CountSession):
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+    def feed(self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None) -> None:
         raise RuntimeError("boom in feed")
 
 
 class CrashingSession(CountSession):
     """The analyzer process dies outright (as if the OOM killer took it)."""
 
-    def feed(self, stream: int, data: bytes, gap: bool) -> None:
+    def feed(self, stream: int, data: bytes, gap: bool, arrival_ns: int | None = None) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
