@@ -24,10 +24,15 @@ from denpex.core.events import Event, metric
 from denpex.core.roots import Roots, read_text
 
 INFO_METRIC = "host_info"
+PLACEMENT_METRIC = "host_placement"
+# facts that place the host in the fabric (UFM: the leaf switch its HCAs reach), sent as
+# `host_placement` labels; the control plane merges them with the site topology file
+PLACEMENT_FACTS = ("switch", "switch_guid", "rack", "pdu", "pool")
 DIAGNOSTICS_METRIC = "diagnostics_last_pass_timestamp_seconds"
 DIAGNOSTICS_FILE = "diagnostics.json"
 HELP = {
     INFO_METRIC: "1, labelled with the host's driver, firmware and kernel versions",
+    PLACEMENT_METRIC: "1, labelled with where the host sits in the fabric (its leaf switch)",
     DIAGNOSTICS_METRIC: "Unix time at which this host's GPU diagnostics last passed",
 }
 # where a label would come from, when no running collector gives it
@@ -42,18 +47,32 @@ def kernel_release(roots: Roots) -> str:
     return (read_text(roots.proc("sys/kernel/osrelease")) or "").strip()
 
 
-def host_labels(collectors: Iterable[Collector], roots: Roots) -> dict[str, str]:
-    """The labels of `host_info`: every running collector's facts (the first to name one
-    wins, in registry order: NVML before DCGM) and the kernel release."""
-    labels: dict[str, str] = {}
+def collector_facts(collectors: Iterable[Collector]) -> dict[str, str]:
+    """Every running collector's facts; the first to name one wins, in registry order
+    (NVML before DCGM)."""
+    facts: dict[str, str] = {}
     for collector in collectors:
         try:
-            facts = collector.host_facts()
+            found = collector.host_facts()
         except Exception:  # a collector's bug must not take the others' facts away
             continue
-        for key, value in facts.items():
+        for key, value in found.items():
             if value:
-                labels.setdefault(key, value)
+                facts.setdefault(key, value)
+    return facts
+
+
+def host_placement(collectors: Iterable[Collector]) -> dict[str, str]:
+    """The labels of `host_placement`: the placement facts only."""
+    facts = collector_facts(collectors)
+    return {k: facts[k] for k in PLACEMENT_FACTS if k in facts}
+
+
+def host_labels(collectors: Iterable[Collector], roots: Roots) -> dict[str, str]:
+    """The labels of `host_info`: the collectors' facts that are not placement, and the
+    kernel release."""
+    facts = collector_facts(collectors)
+    labels = {k: v for k, v in facts.items() if k not in PLACEMENT_FACTS}
     kernel = kernel_release(roots)
     if kernel:
         labels["kernel"] = kernel
@@ -94,17 +113,16 @@ def last_diagnostics(state_dir: Path) -> dict[str, Any] | None:
 def host_state_metrics(
     collectors: Iterable[Collector], roots: Roots, state_dir: Path, host: str, now_ns: int
 ) -> list[Event]:
-    """`host_info` and, once a diagnostic passed here, the time it did."""
-    out = [
-        metric(
-            INFO_METRIC,
-            1,
-            source="agent",
-            labels=host_labels(collectors, roots),
-            host=host,
-            ts_ns=now_ns,
+    """`host_info`, `host_placement` when a collector knows where the host sits, and, once
+    a diagnostic passed here, the time it did."""
+    collectors = list(collectors)
+    labels = host_labels(collectors, roots)
+    out = [metric(INFO_METRIC, 1, source="agent", labels=labels, host=host, ts_ns=now_ns)]
+    placement = host_placement(collectors)
+    if placement:
+        out.append(
+            metric(PLACEMENT_METRIC, 1, source="agent", labels=placement, host=host, ts_ns=now_ns)
         )
-    ]
     passed = (last_diagnostics(state_dir) or {}).get("passed_ns")
     if isinstance(passed, int) and passed > 0:
         out.append(

@@ -87,6 +87,11 @@ def test_host_state_reaches_the_fleet_rules(api, procfs, tmp_path):
     gpu = GpuFacts({"driver": "550.54.15", "firmware": "96.00.89.00.01"})
     before = host_state_metrics([gpu], roots, state_dir, "node1", now)
     assert [e.body for e in before] == ["host_info"]  # no diagnostic has passed yet
+    placed = host_state_metrics([GpuFacts({"switch": "leaf-3"})], roots, state_dir, "n", now)
+    assert [(e.body, e.attrs.get("switch")) for e in placed] == [
+        ("host_info", None),  # a placement fact is not a dependency label
+        ("host_placement", "leaf-3"),
+    ]
     record_diagnostics(state_dir, level=3, tool="dcgm", passed=True)
     passed_ns = last_diagnostics(state_dir)["passed_ns"]  # type: ignore[index]
     gpu.facts["driver"] = "570.86.15"  # the rollout reached this host
