@@ -193,6 +193,30 @@ class FleetStore:
                 done["resolved"].append(incident_id)
         return done
 
+    def adopt_late_jobs(self, jobs: Any) -> None:
+        """Job incidents recorded after the fleet incident that already names their job (a
+        rank's report that came in later): children of it as well, behind the fence."""
+        jobs = sorted(set(jobs))
+        if not jobs or self.ts._fence is None:
+            return
+        inc, links = s.incidents, s.incident_links
+        with self.ts._write() as conn:
+            parents = conn.execute(
+                sa.select(inc.c.id, links.c.ref)
+                .join(
+                    links, sa.and_(links.c.tenant == inc.c.tenant, links.c.incident_id == inc.c.id)
+                )
+                .where(
+                    inc.c.tenant == self.tenant,
+                    inc.c.status.in_(UNRESOLVED),
+                    inc.c.component_kind != JOB_KIND,
+                    links.c.kind == "job",
+                    links.c.ref.in_(jobs),
+                )
+            ).all()
+            for incident_id, job in parents:
+                self._adopt(conn, int(incident_id), [job])
+
     def _adopt(self, conn: Connection, incident_id: int, jobs: Any) -> None:
         """The jobs' own incidents become children of this fleet incident (links `child`
         here, `parent` there): one story, the fleet incident its root. Each keeps its own

@@ -192,10 +192,18 @@ def test_a_jobs_incident_is_a_child_of_the_fleet_incident_for_its_hardware(repla
     plans = RemediationStore(api.runtime.db, "acme", None)
     assert plans.superseded_by(own["id"]) == fleet["id"]
     assert plans.superseded_by(fleet["id"]) is None
-    # the same job's evidence again grows the root; the child is not linked twice
+    # another rank's report of the same job comes in later: its incident joins the story
+    late = report(job="train-x", host="node6", category="net.socket_error")
+    assert api.post("/api/v1/reports", json=late).status_code == 201
     tick(api, T0 + 120 * S)
     again = api.get(f"/api/v1/incidents/{fleet['id']}").json()
-    assert again["children"] == [own["id"]]
+    [later] = [
+        i["id"]
+        for i in api.get("/api/v1/incidents", params={"kind": "job"}).json()["items"]
+        if i["id"] != own["id"]
+    ]
+    assert again["children"] == sorted([own["id"], later])  # each linked once
+    assert api.get(f"/api/v1/incidents/{later}").json()["parents"] == [fleet["id"]]
     # the UI tells the same story: the root lists the child, the child names its root
     from tests.control.ui.test_ui_pages import login
 
