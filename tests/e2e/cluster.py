@@ -235,6 +235,23 @@ class Cluster:
         except OSError:
             return None
 
+    def resolve_all(self, note: str) -> None:
+        """Resolve every open incident (an operator closing a drill case): a later case
+        starts from a clean fleet, not from a GPU still suspect from the one before."""
+        for incident in self.incidents():
+            if incident["status"] != "resolved":
+                request = urllib.request.Request(
+                    f"{self.server_url}/api/v1/incidents/{incident['id']}/resolve",
+                    data=jsonio.dumps({"note": note}),
+                    headers={
+                        "Authorization": f"Bearer {self.token}",
+                        "Content-Type": "application/json",
+                    },
+                    method="POST",
+                )
+                with contextlib.suppress(OSError), urllib.request.urlopen(request, timeout=5):
+                    pass
+
     def incidents(self) -> list[dict]:
         page = self.api("/api/v1/incidents?limit=500") or {"items": []}
         return [self.api(f"/api/v1/incidents/{i['id']}") or i for i in page["items"]]

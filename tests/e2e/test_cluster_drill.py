@@ -26,6 +26,7 @@ from tests.e2e.cluster import HOSTS, Cluster, cluster, unavailable_reason
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(1800),
     pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason())),
 ]
 FAULTY = 2  # the rank (and host) every case breaks
@@ -169,6 +170,7 @@ def test_cluster_drill(tmp_path: Path) -> None:
                 print(f"case oom not run: {skipped}")
                 continue
             outcomes.append(drill_case(c, tmp_path, case, expect))
+            c.resolve_all(f"drill case {case} done")
     print("\ncase      injection→incident  root cause                 host           cause host")
     for o in outcomes:
         took = f"{o.seconds:6.1f} s" if o.seconds is not None else "  none"
