@@ -110,7 +110,7 @@ report_hosts = sa.Table(
     sa.Column("ended_ns", sa.BigInteger, nullable=False),
 )
 
-report_gpus = sa.Table(  # 0008: which reports name a GPU (by serial or UUID: both follow the board)
+report_gpus = sa.Table(  # 0009: which reports name a GPU (by serial or UUID: both follow the board)
     "report_gpus",
     metadata,
     sa.Column("tenant", sa.Text, primary_key=True),

@@ -3,8 +3,8 @@ board's job history (`/api/v1/gpus/{gpu}/jobs`) follows it from host to host. In
 PostgreSQL a tenant table like the others: row-level security (ENABLE + FORCE) on
 `denpex.tenant`.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
