@@ -20,6 +20,8 @@ from denpex.agent.api import AgentApi
 from denpex.agent.config import AgentConfig
 from denpex.agent.delivery import Delivery
 from denpex.agent.exposition import AgentView, SelfMetric
+from denpex.agent.host_state import HELP as HOST_STATE_HELP
+from denpex.agent.host_state import host_labels, host_state_metrics, missing
 from denpex.agent.jobs import JobTable
 from denpex.agent.pipeline import Pipeline
 from denpex.agent.registry import COLLECTORS
@@ -123,7 +125,7 @@ class Agent:
             states=lambda: list(self.states),
             unavailable=lambda: dict(self.unavailable),
             help_texts=self.help_texts,
-            extra=[self._delivery_metrics],
+            extra=[self._delivery_metrics, self._host_state_samples],
         )
         self.api = self._make_api(self.config)
         self.api.start()
@@ -180,7 +182,22 @@ class Agent:
                 )
                 for (name, labels), value in self.pipeline.metric_values().items()
             ]
-            self.shipper.submit_metrics(snapshot)
+            self.shipper.submit_metrics(snapshot + self.host_state(time.time_ns()))
+
+    def host_state(self, now_ns: int) -> list[Event]:
+        """host_info and the last passing diagnostics (denpex.agent.host_state)."""
+        collectors = [state.collector for state in list(self.states)]
+        return host_state_metrics(
+            collectors, self.config.roots, self.config.state_dir, self.config.host, now_ns
+        )
+
+    def _host_state_samples(self) -> list[SelfMetric]:
+        out = []
+        for event in self.host_state(time.time_ns()):
+            labels = {k: str(v) for k, v in event.attrs.items() if k not in ("value", "type")}
+            value = float(event.attrs["value"])
+            out.append(SelfMetric(event.body, HOST_STATE_HELP[event.body], value, labels))
+        return out
 
     def _delivery_metrics(self) -> list[SelfMetric]:
         sink_errors = SelfMetric(
@@ -304,12 +321,14 @@ class Agent:
                 "degraded": blind_reason,
             }
         status = "unhealthy" if blind else "ok"
+        labels = host_labels((s.collector for s in list(self.states)), self.config.roots)
         report: dict[str, Any] = {
             "status": status,
             "host": self.config.host,
             "blind": blind,
             "collectors": collectors,
             "unavailable": dict(self.unavailable),
+            "host_info": {"labels": labels, "missing": missing(labels)},
         }
         if self.delivery is not None:
             spool = report["spool"] = self.delivery.health()

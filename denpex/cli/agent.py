@@ -93,10 +93,11 @@ def add_parser(commands) -> None:
         help="with --control-plane embedded: the tenant this agent's evidence belongs to",
     )
     parser.set_defaults(handler=handle, embedded=None)
-    from denpex.cli import agent_spool
+    from denpex.cli import agent_diag, agent_spool
 
     subcommands = parser.add_subparsers(dest="agent_command", metavar="COMMAND")
     agent_spool.add_parser(subcommands, load)
+    agent_diag.add_parser(subcommands, load)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -112,9 +112,9 @@ def server_sinks(shipper: ReportShipper | None) -> list:
     if shipper is None:
         return []
 
-    def ship(diagnosis: dict) -> None:
+    def ship(diagnosis: dict, facts: dict) -> None:
         try:
-            result = shipper.ship(diagnosis)
+            result = shipper.ship(diagnosis, facts)
         except OSError as exc:
             print(f"denpex: report not shipped: {exc}", file=sys.stderr)
             return

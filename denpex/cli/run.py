@@ -94,6 +94,7 @@ def handle(args: argparse.Namespace) -> int:
         check_signature_dirs(args)
         options = report_options(args)
         options.title = f"denpex: {' '.join(argv)[:120]}"
+        options.command = tuple(argv)
         # before the job starts, so nothing it triggers is missed
         host_watch = RunHostWatch(host=socket.gethostname())
         try:

@@ -199,6 +199,9 @@ def create_app(rt: Runtime) -> FastAPI:
         component: Annotated[
             str | None, Query(description="component id: a host, a GPU serial, a switch …")
         ] = None,
+        roots: Annotated[
+            bool, Query(description="leave out job incidents a fleet incident holds")
+        ] = False,
         since: Since = None,
         until: Until = None,
         limit: Limit = 100,
@@ -211,6 +214,7 @@ def create_app(rt: Runtime) -> FastAPI:
             category=category,
             kind=kind,
             component=component,
+            roots=roots,
             since=_time(since, "since"),
             until=_time(until, "until"),
             limit=limit,
@@ -352,6 +356,7 @@ def create_app(rt: Runtime) -> FastAPI:
         user: str | None = None,
         category: str | None = None,
         host: str | None = None,
+        gpu: Annotated[str | None, Query(description="a GPU's serial or UUID")] = None,
         status: Annotated[str | None, Query(pattern="^(failed|ok)$")] = None,
         since: Since = None,
         until: Until = None,
@@ -363,7 +368,27 @@ def create_app(rt: Runtime) -> FastAPI:
             user=user,
             category=category,
             host=host,
+            gpu=gpu,
             status=status,
+            since=_time(since, "since"),
+            until=_time(until, "until"),
+            limit=limit,
+            cursor=_cursor(cursor, 2),
+        )
+        return _page(request, page)
+
+    @app.get("/api/v1/gpus/{gpu}/jobs", tags=["jobs"], summary="a GPU's jobs, on any host")
+    def list_gpu_jobs(
+        request: Request,
+        who: Annotated[Principal, Depends(principal("jobs:read"))],
+        gpu: str,
+        since: Since = None,
+        until: Until = None,
+        limit: Limit = 100,
+        cursor: Cursor = None,
+    ) -> Response:
+        page = rt.store.scoped(who).jobs(
+            gpu=gpu,
             since=_time(since, "since"),
             until=_time(until, "until"),
             limit=limit,

@@ -41,6 +41,7 @@ SCHEDULER_VARIABLES = (
     "LSB_JOBID",
     "JOB_ID",
 )
+FACT_FIELDS = ("started_ns", "name", "gpus", "labels")  # what the run adds to its report
 RETRYABLE = frozenset((408, 429, 500, 502, 503, 504))
 
 
@@ -119,9 +120,15 @@ class ReportShipper:
         outbox = Path(env["DENPEX_OUTBOX"]) if env.get("DENPEX_OUTBOX") else None
         return cls(url, token, outbox=outbox, timeout_s=timeout)
 
-    def ship(self, diagnosis: dict[str, Any]) -> ShipResult:
-        """Queue this run's report, then deliver what the outbox holds within the bound."""
-        report = {"id": str(uuid.uuid4()), **job_fields(diagnosis), "diagnosis": diagnosis}
+    def ship(self, diagnosis: dict[str, Any], facts: dict[str, Any] | None = None) -> ShipResult:
+        """Queue this run's report, then deliver what the outbox holds within the bound.
+        `facts` are the run's started_ns, name, gpus and labels (denpex.lite.run_facts)."""
+        report = {
+            "id": str(uuid.uuid4()),
+            **job_fields(diagnosis),
+            **{k: v for k, v in (facts or {}).items() if k in FACT_FIELDS},
+            "diagnosis": diagnosis,
+        }
         self.last_report_id = report["id"]
         report["ended_ns"] = time.time_ns()
         self._queue(report)

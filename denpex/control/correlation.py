@@ -93,6 +93,7 @@ def correlate_tenant(
         out.job_incidents += len(
             store.record_incidents(candidates, [r["id"] for r in pending], now_ns)
         )
+        fleet.adopt_late_jobs(c["component_id"] for c in candidates)
         if len(pending) < BATCH:
             break
     if window is not None:

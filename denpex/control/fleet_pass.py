@@ -9,6 +9,7 @@ It writes only through FleetStore.apply (fenced) and never reads the clock (call
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,10 @@ from typing import Any
 from denpex.control.fleet import FleetConfig, correlate, merge
 from denpex.control.fleet.model import EvidenceRecord, FleetView, HostState, JobOutcome, Placement
 from denpex.control.fleet.reports import outcome_from_report
+from denpex.control.fleet.topology import merge_topology
 from denpex.control.fleet_store import FleetStore
+
+log = logging.getLogger("denpex.server")
 
 
 def evidence_record(row: Mapping[str, Any], tenant: str) -> EvidenceRecord:
@@ -47,13 +51,16 @@ class FleetWindow:
 
     tenant: str
     config: FleetConfig
-    topology: Mapping[str, Placement] = field(default_factory=dict)
+    topology: Mapping[str, Placement] = field(default_factory=dict)  # the site file's
     jobs: dict[str, JobOutcome] = field(default_factory=dict)  # report id → outcome
     events: dict[str, EvidenceRecord] = field(default_factory=dict)  # agents' evidence
     hosts: dict[str, HostState] = field(default_factory=dict)
     reloaded_ns: int | None = None
     last_pass_ns: int | None = None
     dirty: bool = True  # something arrived since the last pass
+    placements: dict[str, Placement] = field(default_factory=dict)  # the site's and agents'
+    conflicts: list[str] = field(default_factory=list)  # where the two disagree
+    _agent_placements: dict[str, Placement] | None = None
     _newest_event_ns: int = 0
 
     def add_reports(self, reports: Iterable[Mapping[str, Any]]) -> None:
@@ -113,6 +120,14 @@ class FleetWindow:
         if hosts != self.hosts:
             self.hosts = hosts
             self.dirty = True
+        reported = agent_placements(store, self.config)
+        if reported != self._agent_placements:
+            self._agent_placements = reported
+            self.placements, conflicts = merge_topology(self.topology, reported)
+            for line in sorted(set(conflicts) - set(self.conflicts)):
+                log.warning("topology of tenant %s: %s", self.tenant, line)
+            self.conflicts = conflicts
+            self.dirty = True
 
     def due(self, now_ns: int) -> bool:
         idle_ns = int(float(self.config["window"]["idle_pass_s"]) * 1e9)
@@ -122,7 +137,7 @@ class FleetWindow:
         return FleetView(
             jobs=sorted(self.jobs.values(), key=lambda j: (j.ended_ns, j.job)),
             host_events=sorted(self.events.values(), key=lambda e: (e.ts_ns or 0, e.id)),
-            topology=self.topology,
+            topology=self.placements if self._agent_placements is not None else self.topology,
             hosts=self.hosts,
         )
 
@@ -136,6 +151,18 @@ class FleetWindow:
         done = store.apply(result, now_ns)
         self.dirty, self.last_pass_ns = False, now_ns
         return done
+
+
+def agent_placements(store: FleetStore, config: FleetConfig) -> dict[str, Placement]:
+    """Where each host's agent places it (its newest placement series)."""
+    out: dict[str, Placement] = {}
+    name = config["host_state"]["placement_metric"]
+    for host, _name, labels, _ts_ns, _value in store.host_metrics((name,)):
+        known = {
+            k: str(labels[k]) if labels.get(k) else None for k in ("rack", "switch", "pdu", "pool")
+        }
+        out[host] = Placement(host, known["rack"], known["switch"], known["pdu"], known["pool"])
+    return out
 
 
 def host_states(store: FleetStore, config: FleetConfig) -> dict[str, HostState]:

@@ -147,6 +147,7 @@ class FleetStore:
                 self._link(conn, new_id, "evidence", incident.evidence)
                 self._link(conn, new_id, "job", incident.jobs)
                 self._link(conn, new_id, "host", incident.hosts)
+                self._adopt(conn, int(new_id), incident.jobs)
                 done["opened"].append(int(new_id))
             for update in result.updated:
                 grown = update.incident
@@ -168,6 +169,7 @@ class FleetStore:
                 self._link(conn, incident_id, "evidence", update.added_evidence)
                 self._link(conn, incident_id, "job", update.added_jobs)
                 self._link(conn, incident_id, "host", grown.hosts)
+                self._adopt(conn, incident_id, update.added_jobs)
                 done["updated"].append(incident_id)
             for resolution in result.resolved:
                 incident_id = int(resolution.incident.id or 0)
@@ -190,6 +192,53 @@ class FleetStore:
                 self._link(conn, incident_id, "resolution", resolution.evidence)
                 done["resolved"].append(incident_id)
         return done
+
+    def adopt_late_jobs(self, jobs: Any) -> None:
+        """Job incidents recorded after the fleet incident that already names their job (a
+        rank's report that came in later): children of it as well, behind the fence."""
+        jobs = sorted(set(jobs))
+        if not jobs or self.ts._fence is None:
+            return
+        inc, links = s.incidents, s.incident_links
+        with self.ts._write() as conn:
+            parents = conn.execute(
+                sa.select(inc.c.id, links.c.ref)
+                .join(
+                    links, sa.and_(links.c.tenant == inc.c.tenant, links.c.incident_id == inc.c.id)
+                )
+                .where(
+                    inc.c.tenant == self.tenant,
+                    inc.c.status.in_(UNRESOLVED),
+                    inc.c.component_kind != JOB_KIND,
+                    links.c.kind == "job",
+                    links.c.ref.in_(jobs),
+                )
+            ).all()
+            for incident_id, job in parents:
+                self._adopt(conn, int(incident_id), [job])
+
+    def _adopt(self, conn: Connection, incident_id: int, jobs: Any) -> None:
+        """The jobs' own incidents become children of this fleet incident (links `child`
+        here, `parent` there): one story, the fleet incident its root. Each keeps its own
+        lifecycle; remediation plans once, for the root (RemediationStore.superseded_by)."""
+        jobs = sorted(set(jobs))
+        if not jobs:
+            return
+        inc, links = s.incidents, s.incident_links
+        children = conn.execute(
+            sa.select(inc.c.id)
+            .join(links, sa.and_(links.c.tenant == inc.c.tenant, links.c.incident_id == inc.c.id))
+            .where(
+                inc.c.tenant == self.tenant,
+                inc.c.component_kind == JOB_KIND,
+                links.c.kind == "job",
+                links.c.ref.in_(jobs),
+            )
+        ).scalars()
+        ids = sorted({int(i) for i in children})
+        self._link(conn, incident_id, "child", [str(i) for i in ids])
+        for child in ids:
+            self._link(conn, child, "parent", [str(incident_id)])
 
     def _link(self, conn: Connection, incident_id: int, kind: str, refs: Any) -> None:
         links = s.incident_links

@@ -81,7 +81,7 @@ class Report:
     # the job's placement beyond its hosts (optional; the fleet rules read it)
     started_ns: int | None = None
     name: str | None = None  # the workload's name: reruns of one workload share it
-    gpus: list[dict[str, Any]] = field(default_factory=list)  # [{host, pci, serial, rank}]
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # [{host, pci, serial, uuid, …}]
     labels: dict[str, str] = field(default_factory=dict)  # {driver, image, …}
 
 
@@ -291,7 +291,7 @@ def _points(metric: Any) -> Iterator[Any]:
 def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
     """A `POST /api/v1/reports` body: {id, job, user, hosts, ranks, scheduler, ended_ns,
     diagnosis: denpex.diagnosis/v1} and optionally the job's placement {started_ns, name,
-    gpus: [{host, pci, serial, rank}], labels: {driver, image, …}}. The diagnosis's
+    gpus: [{host, pci, serial, uuid, vbios, rank}], labels: {driver, image, …}}. The diagnosis's
     timeline becomes evidence rows whose ids are `<report id>/<timeline id>` (timeline ids
     are only unique within one report)."""
     try:
@@ -353,22 +353,26 @@ def decode_report(data: bytes, *, tenant: str, received_ns: int) -> Report:
     )
 
 
+GPU_FIELDS = ("host", "pci", "serial", "uuid", "vbios", "rank")
+
+
 def _gpus(value: Any) -> list[dict[str, Any]]:
-    """The report's GPUs: [{host, pci, serial, rank}], host required, the rest optional."""
-    message = "report field 'gpus' must be a list of {host, pci, serial, rank}"
+    """The report's GPUs: [{host, pci, serial, uuid, vbios, rank}], host required, the rest
+    optional."""
+    message = "report field 'gpus' must be a list of {host, pci, serial, uuid, vbios, rank}"
     if not isinstance(value, list):
         raise IngestError(400, message)
     out = []
     for item in value:
-        if not isinstance(item, dict) or set(item) - {"host", "pci", "serial", "rank"}:
+        if not isinstance(item, dict) or set(item) - set(GPU_FIELDS):
             raise IngestError(400, message)
         host, rank = item.get("host"), item.get("rank")
         if not isinstance(host, str) or not host or (rank is not None and not _is_int(rank)):
             raise IngestError(400, message)
-        for key in ("pci", "serial"):
+        for key in ("pci", "serial", "uuid", "vbios"):
             if item.get(key) is not None and not isinstance(item[key], str):
                 raise IngestError(400, message)
-        out.append({k: item.get(k) for k in ("host", "pci", "serial", "rank")})
+        out.append({k: item[k] for k in GPU_FIELDS if item.get(k) is not None or k == "host"})
     return out
 
 

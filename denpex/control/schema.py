@@ -112,6 +112,16 @@ report_hosts = sa.Table(
     sa.Column("ended_ns", sa.BigInteger, nullable=False),
 )
 
+report_gpus = sa.Table(  # 0009: which reports name a GPU (by serial or UUID: both follow the board)
+    "report_gpus",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("gpu", sa.Text, primary_key=True),
+    sa.Column("report_id", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, nullable=False),
+    sa.Column("ended_ns", sa.BigInteger, nullable=False),
+)
+
 incidents = sa.Table(
     "incidents",
     metadata,
@@ -211,6 +221,7 @@ TENANT_TABLES = (
     "host_metrics",
     "reports",
     "report_hosts",
+    "report_gpus",
     "incidents",
     "incident_links",
     "incident_vectors",

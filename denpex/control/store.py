@@ -353,6 +353,26 @@ class TenantStore:
                         for h in report.hosts
                     ],
                 )
+            named = {
+                (gpu[key], gpu["host"])
+                for gpu in report.gpus
+                for key in ("serial", "uuid")
+                if gpu.get(key)
+            }
+            if named:
+                conn.execute(
+                    s.report_gpus.insert(),
+                    [
+                        {
+                            "tenant": self.tenant,
+                            "gpu": gpu,
+                            "report_id": report.id,
+                            "host": host,
+                            "ended_ns": report.ended_ns,
+                        }
+                        for gpu, host in sorted(dict(named).items())
+                    ],
+                )
             self._insert_batch(conn, report.evidence)
         return True
 
@@ -474,12 +494,14 @@ class TenantStore:
         user: str | None = None,
         category: str | None = None,
         host: str | None = None,
+        gpu: str | None = None,
         status: str | None = None,
         since: int | None = None,
         until: int | None = None,
         limit: int = 100,
         cursor: tuple[Any, ...] | None = None,
     ) -> Page:
+        """Reports, newest first; `gpu` is a GPU's serial or UUID (its jobs on any host)."""
         r = s.reports
         query = sa.select(r).where(r.c.tenant == self.tenant)
         if job is not None:
@@ -495,6 +517,13 @@ class TenantStore:
             query = query.where(
                 r.c.id.in_(
                     sa.select(rh.c.report_id).where(rh.c.tenant == self.tenant, rh.c.host == host)
+                )
+            )
+        if gpu is not None:
+            rg = s.report_gpus
+            query = query.where(
+                r.c.id.in_(
+                    sa.select(rg.c.report_id).where(rg.c.tenant == self.tenant, rg.c.gpu == gpu)
                 )
             )
         query = _time(query, r.c.ended_ns, since, until)
@@ -539,13 +568,15 @@ class TenantStore:
         category: str | None = None,
         kind: str | None = None,
         component: str | None = None,
+        roots: bool = False,
         since: int | None = None,
         until: int | None = None,
         limit: int = 100,
         cursor: tuple[Any, ...] | None = None,
     ) -> Page:
         """Newest first; `kind` and `component` select one component's incidents (a GPU
-        serial's history: kind=gpu, component=<serial>)."""
+        serial's history: kind=gpu, component=<serial>); `roots` leaves out the jobs' own
+        incidents that a fleet incident holds as children (its story tells theirs)."""
         inc = s.incidents
         query = sa.select(inc).where(inc.c.tenant == self.tenant)
         query = _filters(
@@ -566,6 +597,14 @@ class TenantStore:
                         )
                     )
                 )
+        if roots:
+            query = query.where(
+                inc.c.id.not_in(
+                    sa.select(links.c.incident_id).where(
+                        links.c.tenant == self.tenant, links.c.kind == "parent"
+                    )
+                )
+            )
         query = _time(query, inc.c.last_ns, since, until)
         if cursor is not None:
             query = query.where(sa.tuple_(inc.c.last_ns, inc.c.id) < tuple(cursor))
@@ -593,7 +632,24 @@ class TenantStore:
             .order_by(links.c.kind, links.c.ref)
         ):
             refs.setdefault(kind, []).append(ref)
-        return incident_dict(row, refs)
+        out = incident_dict(row, refs)
+        if out["children"]:
+            out["child_incidents"] = [
+                {
+                    "id": r.id,
+                    "job": r.component_id,
+                    "title": r.title,
+                    "category": r.category,
+                    "status": r.status,
+                    "last_ns": r.last_ns,
+                }
+                for r in conn.execute(
+                    sa.select(inc)
+                    .where(inc.c.tenant == self.tenant, inc.c.id.in_(out["children"]))
+                    .order_by(inc.c.last_ns.desc(), inc.c.id.desc())
+                )
+            ]
+        return out
 
     def transition(
         self, incident_id: int, to: str, who: str, now_ns: int, note: str | None = None
@@ -916,6 +972,9 @@ def incident_dict(row: Any, links: dict[str, list[str]] | None) -> dict[str, Any
         out["jobs"] = links.get("job", [])
         out["hosts"] = links.get("host", [])
         out["reports"] = links.get("report", [])
+        # one story: a fleet incident is the root of the jobs' own incidents it explains
+        out["parents"] = sorted(int(i) for i in links.get("parent", []))
+        out["children"] = sorted(int(i) for i in links.get("child", []))
     return out
 
 

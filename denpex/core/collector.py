@@ -135,6 +135,12 @@ class Collector(ABC):
         in poll order, possibly from another thread; never raises for an unwritable file."""
         return None  # a source without a position has nothing to persist
 
+    def host_facts(self) -> Mapping[str, str]:
+        """What this collector's source says of the host's shared dependencies (the GPU
+        driver and firmware versions …), as the agent's `host_info` labels; empty when it
+        knows none. Read from the last poll: never calls the source."""
+        return {}
+
     def degraded(self) -> str | None:
         """Why the collector cannot currently see its source although its polls return (a
         library call stuck past its deadline); None when it sees. `/healthz` turns unhealthy

@@ -162,16 +162,21 @@ class JobProcesses:
         """PCI keys of the GPUs the job's processes opened (mapped /dev/nvidiaN) or were
         given (CUDA_VISIBLE_DEVICES indices, taken in PCI order: CUDA's order when
         CUDA_DEVICE_ORDER=PCI_BUS_ID or when the GPUs are all alike)."""
+        held: set[str] = set()
+        for proc in self.processes.values():
+            held |= self.gpus_of(proc)
+        return held
+
+    def gpus_of(self, proc: JobProcess) -> set[str]:
+        """PCI keys of the GPUs one process opened or was given (see gpus_held)."""
         if self._gpus is None:
             self._gpus = nvidia_gpus(self.roots)
         gpus = self._gpus
-        held: set[str] = set()
         in_pci_order = [gpus[m] for m in sorted(gpus, key=lambda m: gpus[m])]
-        for proc in self.processes.values():
-            held.update(gpus[m] for m in proc.gpu_minors if m in gpus)
-            for item in (proc.visible_devices or "").split(","):
-                if item.strip().isdigit() and int(item) < len(in_pci_order):
-                    held.add(in_pci_order[int(item)])
+        held = {gpus[m] for m in proc.gpu_minors if m in gpus}
+        for item in (proc.visible_devices or "").split(","):
+            if item.strip().isdigit() and int(item) < len(in_pci_order):
+                held.add(in_pci_order[int(item)])
         return held
 
     @staticmethod

@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING, Any
 from denpex.catalog import Catalog
 from denpex.core import jsonio
 from denpex.core.diagnosis import Diagnosis
+from denpex.core.roots import Roots
 from denpex.core.wire import Registration
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.agent_link import AgentLink, job_name
 from denpex.lite.hostwatch import RunHostWatch
 from denpex.lite.job_watch import JobWatch
+from denpex.lite.run_facts import run_facts
 from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
 from denpex.lite.scanner import LINE_CAP, Scanner
 from denpex.lite.sdk_channel import SdkListener
@@ -43,8 +45,10 @@ class ReportOptions:
     text: bool = True
     color: bool | None = None  # None: colour when stderr is a terminal
     title: str = "denpex diagnosis"
-    # called with the diagnosis JSON after the outputs above (the control-plane client)
-    sinks: list[Callable[[dict], None]] = field(default_factory=list)
+    # called with the diagnosis JSON and the run's facts (denpex.lite.run_facts) after the
+    # outputs above (the control-plane client)
+    sinks: list[Callable[[dict, dict], None]] = field(default_factory=list)
+    command: tuple[str, ...] = ()  # the wrapped command (`denpex run`): the workload's name
     # past incidents for the retrieval block: (query, vector, k) → hits (the control plane)
     incidents: Callable[[str, Any, int], Sequence[Hit]] | None = None
 
@@ -346,10 +350,26 @@ class LiteSession:
             width = _terminal_width()
             sys.stderr.write(render_text(data, color=color, width=width))
             sys.stderr.flush()
-        for sink in opts.sinks:
-            sink(data)
+        if opts.sinks:
+            facts = self.run_facts()
+            for sink in opts.sinks:
+                sink(data, facts)
         if opts.text:  # after the verdict, which never waits for the model to load
             self.write_retrieval(data)
+
+    def run_facts(self) -> dict:
+        """started_ns, name, gpus and labels of this run, for its report (those known). A
+        scan reads logs from anywhere: this host's driver and kernel are not theirs."""
+        watch = self.host_watch
+        return run_facts(
+            roots=watch.roots if watch is not None else Roots(),
+            env=os.environ,
+            host=self.scanner.default_host or socket.gethostname(),
+            started_ns=self.agent_since_ns if watch is not None else None,
+            processes=self.job.processes if self.job is not None else None,
+            argv=self.options.command,
+            on_this_host=watch is not None,
+        )
 
     def write_retrieval(self, data: dict) -> None:
         """The retrieval block under the verdict when the rag extra is installed; nothing at

@@ -167,3 +167,48 @@ def test_replay_ticks_need_a_replay_server_and_an_admin(replay, db_url):
         assert replay.get("/healthz").json()["schema"] == _latest_revision()
     finally:
         live.close()
+
+
+def test_a_jobs_incident_is_a_child_of_the_fleet_incident_for_its_hardware(replay):
+    from denpex.control.remediation_store import RemediationStore
+
+    api = replay
+    body = report(job="train-x", host="node5", category="gpu.fallen_off_bus")
+    body["gpus"] = [{"host": "node5", "pci": "0000:3b:00", "serial": "1650", "rank": 0}]
+    assert api.post("/api/v1/reports", json=body).status_code == 201
+    done = tick(api, T0 + 60 * S)
+    [fleet] = [api.get(f"/api/v1/incidents/{i}").json() for i in done["opened"]]
+    [own] = [i for i in api.get("/api/v1/incidents", params={"kind": "job"}).json()["items"]]
+    assert fleet["component"]["kind"] in ("gpu", "host") and fleet["jobs"] == ["train-x"]
+    assert fleet["children"] == [own["id"]] and fleet["parents"] == []
+    assert [c["id"] for c in fleet["child_incidents"]] == [own["id"]]
+    assert fleet["child_incidents"][0]["job"] == "train-x"
+    mine = api.get(f"/api/v1/incidents/{own['id']}").json()
+    assert mine["parents"] == [fleet["id"]] and mine["children"] == []
+    roots = api.get("/api/v1/incidents", params={"roots": "true"}).json()["items"]
+    assert [i["id"] for i in roots] == [fleet["id"]]  # one story, told by its root
+    assert len(api.get("/api/v1/incidents").json()["items"]) == 2
+    # remediation plans once, for the root: the job's own incident is superseded by it
+    plans = RemediationStore(api.runtime.db, "acme", None)
+    assert plans.superseded_by(own["id"]) == fleet["id"]
+    assert plans.superseded_by(fleet["id"]) is None
+    # another rank's report of the same job comes in later: its incident joins the story
+    late = report(job="train-x", host="node6", category="net.socket_error")
+    assert api.post("/api/v1/reports", json=late).status_code == 201
+    tick(api, T0 + 120 * S)
+    again = api.get(f"/api/v1/incidents/{fleet['id']}").json()
+    [later] = [
+        i["id"]
+        for i in api.get("/api/v1/incidents", params={"kind": "job"}).json()["items"]
+        if i["id"] != own["id"]
+    ]
+    assert again["children"] == sorted([own["id"], later])  # each linked once
+    assert api.get(f"/api/v1/incidents/{later}").json()["parents"] == [fleet["id"]]
+    # the UI tells the same story: the root lists the child, the child names its root
+    from tests.control.ui.test_ui_pages import login
+
+    login(api)
+    root_page = api.client.get(f"/incidents/{fleet['id']}").text
+    assert f'href="/incidents/{own["id"]}"' in root_page.split('id="children"')[1]
+    child_page = api.client.get(f"/incidents/{own['id']}").text
+    assert f'href="/incidents/{fleet["id"]}"' in child_page.split('id="parents"')[1]

@@ -32,6 +32,7 @@ from tests.control.helpers import T0, evidence, report
 TENANTS = ("red", "blue")
 HOSTS = ("node1", "node2", "node3")  # both tenants use the same host and job names
 JOBS = ("train-a", "train-b")
+GPUS = ("1650000000001", "GPU-5f0e3a1c-0000-4e56-8d2f-000000000001")  # a serial, a UUID
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 SCIM = {"Content-Type": "application/scim+json"}
 SCIM_USER = "urn:ietf:params:scim:schemas:core:2.0:User"
@@ -108,6 +109,9 @@ class Matrix:
                 "/api/v1/jobs", **self.filters("job", "host", "category", "user")
             ),
             ("GET", "/api/v1/jobs/{job}"): self.get_job,
+            ("GET", "/api/v1/gpus/{gpu}/jobs"): lambda me, other: self.read(
+                f"/api/v1/gpus/{self.rng.choice(GPUS)}/jobs"
+            ),
             ("GET", "/api/v1/reports/{report_id}"): self.get_report,
             ("GET", "/api/v1/evidence"): lambda me, other: self.read(
                 "/api/v1/evidence", **self.filters("host", "job", "category")
@@ -315,6 +319,7 @@ class Matrix:
             host=self.rng.choice(HOSTS),
             report_id=f"r-{mark(me.tenant)}-{me.sent}",
         )
+        body["gpus"] = [{"host": body["hosts"][-1], "serial": GPUS[0], "uuid": GPUS[1], "rank": 0}]
         me.reports.append(body["id"])
         return ("operator", "POST", "/api/v1/reports", {"json": body}, ok(201))
 

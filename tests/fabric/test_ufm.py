@@ -83,6 +83,8 @@ def test_ports_alarms_events_to_metrics_and_evidence(ufm, roots, tmp_path):
     rate = metrics(events, "ufm_port_rate_bits_per_second")
     assert rate["248a0703008a850a_1"] == 400e9
     assert metrics(events, "ufm_up") == {"": 1.0}
+    # where the fabric places this host, for the control plane's topology
+    assert c.host_facts() == {"switch": "leaf-sw-03", "switch_guid": "b8599f0300e4c1a0"}
     assert any("system=248a0703008a850a" in path for path, _ in ufm.requests)
     # the Critical alarm is about another switch, the one about us is only a Warning;
     # the Critical event existed before the first poll (baseline)

@@ -49,6 +49,7 @@ DRIVER = textwrap.dedent(
                 poll["events"].append(item.body)
         report["polls"].append(poll)
     report["unsupported"] = {i: sorted(r.unsupported) for i, r in collector._readers.items()}
+    report["facts"] = dict(collector.host_facts())
     collector.close()
     print(json.dumps(report))
     sys.stdout.flush()

@@ -277,3 +277,18 @@ def test_no_library_is_unavailable_with_the_reason(tmp_path: Path) -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert "(False, 'libnvidia-ml.so.1 not found" in result.stdout
+
+
+def test_host_facts_name_the_driver_and_each_distinct_vbios(
+    fake_library: Path, tmp_path: Path
+) -> None:
+    scenario = {
+        "gpus": 3,
+        "driver_version": "570.86.15",
+        "gpu": {2: {"vbios_version": "96.00.99.00.07"}},
+    }
+    report = run_scenario(fake_library, tmp_path, scenario, [0.0])
+    assert report["facts"] == {
+        "driver": "570.86.15",
+        "firmware": "96.00.89.00.01,96.00.99.00.07",
+    }

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 # topology kinds are shared hardware, the last group are shared dependencies (never a host).
 HARDWARE_KINDS = ("host", "gpu")
 TOPOLOGY_KINDS = ("switch", "rail", "pdu", "rack", "pool")
-DEPENDENCY_KINDS = ("filesystem", "scheduler", "driver", "image", "kernel", "dependency")
+DEPENDENCY_KINDS = (
+    "filesystem",
+    "scheduler",
+    "driver",
+    "firmware",
+    "image",
+    "kernel",
+    "dependency",
+)
 COMPONENT_KINDS = HARDWARE_KINDS + TOPOLOGY_KINDS + DEPENDENCY_KINDS
 
 VERDICTS = ("suspect", "recovered")  # a candidate blames its component, or clears it

@@ -2,7 +2,7 @@
 as the JobOutcome the fleet rules read.
 
 Report fields: id, job, user, hosts, ranks, scheduler, ended_ns, diagnosis, and optionally
-started_ns, name (the workload), gpus ([{host, pci, serial, rank}]) and labels ({driver,
+started_ns, name (the workload), gpus ([{host, pci, serial, uuid, vbios, rank}]) and labels ({driver,
 image, …}). Timeline evidence ids become `<report id>/<timeline id>` (a timeline id is
 unique only within its report). Pure: never reads the store or the clock.
 """

@@ -5,7 +5,9 @@ switch, PDU and pool each host sits in, and the rail of each of its GPUs (by PCI
     hosts:
       node-000: {rack: rack-00, switch: leaf-00, pdu: pdu-00, pool: a}
 
-Pure: parses what the caller read (YAML or JSON text); never opens a file itself.
+`merge_topology` joins it with what the agents report of their own placement (the site
+file wins on conflict, and says so). Pure: parses what the caller read (YAML or JSON
+text); never opens a file itself.
 """
 
 from __future__ import annotations
@@ -51,3 +53,31 @@ def _entry(where: str, entry: Any) -> dict[str, Any]:
         elif value is not None:
             out[key] = str(value)
     return out
+
+
+def merge_topology(
+    site: Mapping[str, Placement], agents: Mapping[str, Placement]
+) -> tuple[dict[str, Placement], list[str]]:
+    """The topology the rules read: each host's placement from the site file, its gaps
+    filled from what the host's agent reported (its fabric: the leaf switch UFM sees its
+    HCAs reach). Where both name a field and disagree the site file wins, and a line for
+    each such conflict says so (a recabled host, or a stale site file)."""
+    merged: dict[str, Placement] = {}
+    conflicts: list[str] = []
+    for host in sorted(set(site) | set(agents)):
+        mine, seen = site.get(host), agents.get(host)
+        if mine is None or seen is None:
+            merged[host] = mine or seen  # type: ignore[assignment]
+            continue
+        fields: dict[str, Any] = {}
+        for name in ("rack", "switch", "pdu", "pool"):
+            ours, theirs = getattr(mine, name), getattr(seen, name)
+            fields[name] = ours or theirs
+            if ours and theirs and ours != theirs:
+                conflicts.append(
+                    f"{host}: {name} is {ours} in the site topology, {theirs} as its agent "
+                    f"reports it; the site topology wins"
+                )
+        fields["rails"] = {**seen.rails, **mine.rails}
+        merged[host] = Placement(host=host, **fields)
+    return merged, conflicts

@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from denpex.fabric.ufm.detect import (
     parse_ufm_time,
     parse_width,
     port_evidence,
+    port_is_up,
     port_metrics,
 )
 
@@ -220,6 +222,7 @@ class UfmCollector(FabricCollector):
         self._client: UfmClient | None = None
         self._config_error: str | None = None
         self._blind: str | None = None
+        self._own_ports: list[dict[str, Any]] = []  # this host's HCA ports, last poll
         self._state = UfmState.load(self._state_path())
         try:
             self._client = self._make_client()
@@ -265,6 +268,19 @@ class UfmCollector(FabricCollector):
     def degraded(self) -> str | None:
         return self._blind
 
+    def host_facts(self) -> Mapping[str, str]:
+        """The leaf switch this host's HCA ports connect to (UFM's peer node name and GUID
+        of its up ports; the one most of them reach), for the fleet rules' topology."""
+        peers = Counter(
+            (str(p.get("peer_node_name") or ""), normalise_guid(str(p.get("peer_guid") or "")))
+            for p in self._own_ports
+            if port_is_up(p) and p.get("peer_node_name")
+        )
+        if not peers:
+            return {}
+        (name, guid), _ = max(peers.items(), key=lambda item: (item[1], item[0]))
+        return {"switch": name, **({"switch_guid": guid} if guid else {})}
+
     def collect(self, ctx: CollectContext) -> list[Observation]:
         if self._client is None:
             return []
@@ -284,6 +300,11 @@ class UfmCollector(FabricCollector):
         if self._blind is not None:
             self._blind = None
             out.append(self._state_event(ctx, f"UFM at {self._client.url} answers again"))
+        self._own_ports = [
+            p
+            for p in ports
+            if normalise_guid(str(p.get("guid") or p.get("system_id") or "")) in guids
+        ]
         out += port_metrics(ctx, ports, self.options.get("lane_rate_gbps") or {})
         out += port_evidence(ctx, ports, self.options, self._state)
         scope = in_scope(ports, guids, systems)

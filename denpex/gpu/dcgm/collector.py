@@ -118,6 +118,11 @@ class DcgmCollector(GpuCollector):
         address = self.options.get("address") or "an embedded host engine"
         return True, f"DCGM fields and health watches through {address}"
 
+    def host_facts(self) -> Mapping[str, str]:
+        """The driver version DCGM reports for the GPUs (DCGM_FI_DRIVER_VERSION)."""
+        drivers = sorted({lab.get("driver_version", "") for lab in self._labels.values()} - {""})
+        return {"driver": ",".join(drivers)} if drivers else {}
+
     def degraded(self) -> str | None:
         reasons = [
             f"{c.stuck_call} has not returned for {c.hung_for():.0f} s ({c.name} blind)"

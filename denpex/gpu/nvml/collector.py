@@ -123,6 +123,14 @@ class NvmlCollector(GpuCollector):
         problem = self._start()
         return (False, problem) if problem else (True, self._about)
 
+    def host_facts(self) -> Mapping[str, str]:
+        """The driver version and the GPUs' VBIOS versions (each distinct one, sorted)."""
+        facts = {"driver": self._driver} if self._driver else {}
+        firmware = sorted({r.identity.get("vbios", "") for r in self._readers.values()} - {""})
+        if firmware:
+            facts["firmware"] = ",".join(firmware)
+        return facts
+
     # -- polling ---------------------------------------------------------------------------
     def collect(self, ctx: CollectContext) -> list[Observation]:
         if self._start() is not None or self._nvml is None:

@@ -316,6 +316,7 @@ int nvmlDeviceGetHandleByIndex_v2(unsigned int index, struct device **out)
 STR_GETTER(nvmlDeviceGetUUID, "uuid")
 STR_GETTER(nvmlDeviceGetSerial, "serial")
 STR_GETTER(nvmlDeviceGetName, "name")
+STR_GETTER(nvmlDeviceGetVbiosVersion, "vbios_version")
 
 int nvmlDeviceGetPciInfo_v3(struct device *dev, pci_info_t *out)
 {

@@ -160,6 +160,7 @@ class GpuReader:
             "pci_bus_id": _text(pci.busId) if pci is not None else "",
             "serial": _text(self.call("serial", "nvmlDeviceGetSerial", h) or ""),
             "name": _text(self.call("name", "nvmlDeviceGetName", h) or ""),
+            "vbios": _text(self.call("vbios", "nvmlDeviceGetVbiosVersion", h) or ""),
             "driver_version": self.driver_version,
         }
 

@@ -79,7 +79,7 @@ INT_PROPERTIES = (
     "mig_mode",
     "mig_mode_pending",
 )
-STR_PROPERTIES = ("name", "uuid", "serial", "pci_bus_id", "processes")
+STR_PROPERTIES = ("name", "uuid", "serial", "pci_bus_id", "processes", "vbios_version")
 # nvlink<N>_active / nvlink<N>_<counter>, unsupported:<nvml function> (answers NOT_SUPPORTED)
 # and error:<nvml function> (answers the NVML return code named in NVML_RETURN) are accepted
 NVLINK_COUNTERS = ("active", "replay", "recovery", "crc_flit", "crc_data", "ecc_data")
@@ -120,6 +120,7 @@ MIG_PROPERTY = {"memory_mib": "memory_total_mib", "used_mib": "memory_used_mib"}
 
 DEFAULTS: dict[str, Any] = {
     "name": "NVIDIA H100 80GB HBM3",
+    "vbios_version": "96.00.89.00.01",
     "memory_total_mib": 81559,
     "memory_used_mib": 0,
     "temperature_c": 40,

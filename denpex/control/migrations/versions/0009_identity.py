@@ -1,7 +1,7 @@
 """Enterprise identity: token owners and expiry (SSO sessions, deprovisioning), the SAML
 service provider's ledger of request and assertion ids (InResponseTo and replay, shared by
-every replica), SCIM users, groups and memberships, TOTP enrolments with hashed recovery codes, WebAuthn credentials,
-and per-tenant identity settings (MFA required). The SCIM, MFA and settings tables are tenant
+every replica), SCIM users, groups and memberships, TOTP enrolments with hashed recovery
+codes, WebAuthn credentials, and per-tenant identity settings (MFA required). The SCIM, MFA and settings tables are tenant
 tables: in PostgreSQL row-level security (ENABLE + FORCE) on `denpex.tenant`; the SAML ledger
 is a system table.
 
