@@ -208,6 +208,7 @@ class Scanner:
         for line_index, word in self._words.scan(joined):
             words[_WORDS[word]].append(line_index)
         self._learn_attribution(state, lines, joined, parsed_at, first_seq, words)
+        batch = lines  # its line numbers stay right when SDK lines are blanked below
         if words[STDERR_PREFIX]:
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
         series = self.series.observe(joined, lines, parsed_at, first_seq, arrival_ns, state.name)
@@ -231,7 +232,7 @@ class Scanner:
             parsed = parsed_at(match.line_index)
             if data or (continued and match.line_index == 0):
                 parsed.attrs["file"] = state.name
-                parsed.attrs["line"] = _line_number(state, lines, match.line_index, continued)
+                parsed.attrs["line"] = _line_number(state, batch, match.line_index, continued)
             # a live line is timed by its first byte: a line that began in an earlier chunk
             # arrived then, not when its end (or the process's exit) flushed it
             if "frame" not in parsed.attrs:  # a line matched for two categories: looked up once
