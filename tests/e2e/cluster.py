@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from denpex.core import jsonio
-from denpex.core.kmsg import KmsgRecord, format_record
+from denpex.core.kmsg import TEST_KMSG_ENV, TEST_MARKER, KmsgRecord, format_record
 from tests.control.conftest import mint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +137,8 @@ class Cluster:
             *("--state-dir", str(state), "--devfs", str(dev)),
             *("--collectors", "kmsg,proc,cgroup"),
         ]
-        self._spawn(argv, state / "agent.log")
+        # its kernel log is the fixture below, never the host's: it may read marked lines
+        self._spawn(argv, state / "agent.log", env={TEST_KMSG_ENV: "1"})
         sock = state / "agent.sock"
         self._wait(sock.exists, f"agent {i}", 60)
 
@@ -220,8 +221,10 @@ class Cluster:
         return int(path.read_text())
 
     def xid(self, host: int, pid: int, seq: int) -> None:
-        """An Xid 79 naming `pid`, in host `host`'s kernel log (the agent's fixture source)."""
+        """An Xid 79 naming `pid`, in host `host`'s kernel log (the agent's fixture source),
+        marked like every line a test injects."""
         message = f"NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, GPU has fallen off the bus."
+        message += f" {TEST_MARKER}"
         usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
         os.write(self.kmsg_fds[host], format_record(KmsgRecord(0, 3, seq, usec, "-", message)))
 
