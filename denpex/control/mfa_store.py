@@ -50,16 +50,14 @@ class MfaStore:
                 conn.execute(
                     t.insert().values(tenant=tenant, mfa_required=required, updated_ns=now_ns)
                 )
-        with self.db.system_tx(write=True) as conn:
-            audit_log.append(
-                conn,
-                ts_ns=now_ns,
-                kind="mfa.required_changed",
-                actor=actor,
-                tenant=tenant,
-                subject=f"tenant {tenant}",
-                result={"required": required},
-            )
+        self._audit(
+            "mfa.required_changed",
+            tenant,
+            f"tenant {tenant}",
+            now_ns,
+            {"required": required},
+            actor=actor,
+        )
 
     # --- a person's factor ---------------------------------------------------------------------
 
@@ -110,16 +108,13 @@ class MfaStore:
                     created_ns=now_ns,
                 )
             )
-        with self.db.system_tx(write=True) as conn:
-            audit_log.append(
-                conn,
-                ts_ns=now_ns,
-                kind="mfa.enrolled",
-                actor=subject,
-                tenant=tenant,
-                subject=subject,
-                result={"factor": "webauthn", "credential": _b64(key.credential_id)[:16]},
-            )
+        self._audit(
+            "mfa.enrolled",
+            tenant,
+            subject,
+            now_ns,
+            {"factor": "webauthn", "credential": _b64(key.credential_id)[:16]},
+        )
 
     def advance_security_key(
         self, tenant: str, subject: str, credential_id: bytes, old: int, new: int
@@ -204,16 +199,13 @@ class MfaStore:
                         tenant=tenant, subject=subject, code_hash=mfa.hash_recovery_code(code_)
                     )
                 )
-        with self.db.system_tx(write=True) as conn:
-            audit_log.append(
-                conn,
-                ts_ns=now_ns,
-                kind="mfa.enrolled",
-                actor=subject,
-                tenant=tenant,
-                subject=subject,
-                result={"factor": "totp", "recovery_codes": len(codes)},
-            )
+        self._audit(
+            "mfa.enrolled",
+            tenant,
+            subject,
+            now_ns,
+            {"factor": "totp", "recovery_codes": len(codes)},
+        )
         return codes
 
     def verify(self, tenant: str, subject: str, code: str, now_ns: int) -> str | None:
@@ -249,17 +241,30 @@ class MfaStore:
         if not spent:
             return None
         left = len(rows) - 1
+        self._audit("mfa.recovery_used", tenant, subject, now_ns, {"left": left})
+        return "recovery"
+
+    def _audit(
+        self,
+        kind: str,
+        tenant: str,
+        subject: str,
+        now_ns: int,
+        result: dict,
+        *,
+        actor: str | None = None,
+    ) -> None:
+        """One record of the tenant's audit chain (the person acts, unless `actor` says)."""
         with self.db.system_tx(write=True) as conn:
             audit_log.append(
                 conn,
                 ts_ns=now_ns,
-                kind="mfa.recovery_used",
-                actor=subject,
+                kind=kind,
+                actor=actor or subject,
                 tenant=tenant,
                 subject=subject,
-                result={"left": left},
+                result=result,
             )
-        return "recovery"
 
 
 def _b64(data: bytes) -> str:
