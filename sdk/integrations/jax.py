@@ -9,10 +9,6 @@ results only on sampled steps (`every`, `checksum_every`), as a `float(loss)` wo
 from __future__ import annotations
 
 import logging
-import math
-import os
-import socket
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,9 +22,8 @@ import numpy as np
 from denpex._native import load
 from denpex.core.events import Event, Evidence
 from denpex.sdk.progress import ProgressMonitor
+from denpex.sdk.step_findings import StepFindings
 from denpex.series.findings import Finding
-from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
-from denpex.series.thresholds import LossRules, with_options
 
 log = logging.getLogger("denpex.sdk.jax")
 _checksum = load("checksum")
@@ -81,13 +76,10 @@ class StepWatch:
         self.step_fn, self.every, self.checksum_every = step_fn, every, checksum_every
         self.loss_of, self.params_of = loss_of, params_of
         self.rank = jax.process_index() if rank is None else int(rank)
-        self.host = socket.gethostname()
         self.step = 0
         self.last_digest: int | None = None
-        self._emit = emit
-        self._reported: set[str] = set()
-        loss_rules = with_options(LossRules, options)
-        self._nan, self._spikes = NonFiniteLoss(loss_rules), LossSpikeDetector(loss_rules)
+        self.findings = StepFindings(rank=self.rank, source="jax", emit=emit, options=options)
+        self.host = self.findings.host
         self.monitor = ProgressMonitor(
             rank=self.rank,
             world_size=jax.process_count(),
@@ -126,20 +118,7 @@ class StepWatch:
         if value is None:
             return None
         loss = float(np.asarray(value))  # waits for the step, like any float(loss)
-        # the same loss rules as dx.watch and the log scanner (denpex.series)
-        episode = self._nan.observe(self.step, loss)
-        found = [nan_finding(episode)] if episode is not None else []
-        spike = self._spikes.observe(self.step, loss) if math.isfinite(loss) else None
-        found += [spike] if spike is not None else []
-        for finding in found:
-            self._send_once(
-                f"{finding.signature}:{self.rank}:{finding.captures.get('step')}",
-                Finding(
-                    finding.signature,
-                    captures={"rank": str(self.rank), **finding.captures},
-                    values=finding.values,
-                ),
-            )
+        self.findings.loss(self.step, loss)
         return loss
 
     def _check_params(self, out: Any) -> None:
@@ -176,31 +155,9 @@ class StepWatch:
             "devices": named,
             "replicas": str(len(digests)),
         }
-        self._send_once(f"sdc:{index}:{named}", Finding("train.sdc.replica_mismatch", captures))
-
-    def _send_once(self, key: str, finding: Finding) -> None:
-        if key in self._reported:
-            return
-        self._reported.add(key)
-        event = Event(
-            body="",
-            ts_ns=time.time_ns(),
-            host=self.host,
-            source="sdk",
-            kind="state",
-            rank=self.rank,
-            pid=os.getpid(),
+        self.findings.send_once(
+            f"sdc:{index}:{named}", Finding("train.sdc.replica_mismatch", captures)
         )
-        evidence = finding.evidence(event, f"sdk-jax-{self.host}-{os.getpid()}-{key}")
-        try:
-            if self._emit is not None:
-                self._emit(evidence)
-            else:
-                from denpex.sdk.transport import default_emit
-
-                default_emit(evidence)
-        except Exception as exc:
-            log.debug("dx.jax: emit failed: %s", exc)
 
 
 def watch_step(step_fn: Callable[..., Any] | None = None, **options: Any) -> Any:
