@@ -1,11 +1,13 @@
 """What a job report tells the control plane beyond its diagnosis: when the job started,
 the workload's name, the GPUs each rank held on this host (PCI address, UUID and VBIOS from
-the driver's /proc/driver/nvidia/gpus/<pci>/information) and the shared dependencies it ran
-on (driver, kernel, and the site's own DENPEX_LABELS such as the image).
+the driver's /proc/driver/nvidia/gpus/<pci>/information, the board serial from NVML) and the
+shared dependencies it ran on (driver, kernel, and the site's own DENPEX_LABELS such as the
+image).
 
 The fleet rules read these (denpex.control.fleet.reports): the labels name a rollout, the
-GPUs a board that follows its UUID. Reads only files under the configured roots and the
-environment; never calls a GPU library (a hung driver must not hold the job's exit).
+GPUs a board that follows its serial and UUID. Reads files under the configured roots and the
+environment; NVML only through a `BoardLookup` started with the job and waited on for a
+bounded time (a hung driver must not hold the job's exit).
 """
 
 from __future__ import annotations
@@ -13,15 +15,31 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from denpex.core.roots import Roots, read_text
 from denpex.lite.job_processes import JobProcesses, pci_key
+
+if TYPE_CHECKING:
+    from denpex.gpu.nvml.boards import BoardLookup
 
 NAME_VARIABLES = ("DENPEX_JOB_NAME", "SLURM_JOB_NAME", "PBS_JOBNAME", "LSB_JOBNAME")
 LABELS_VARIABLE = "DENPEX_LABELS"  # "image=registry/train:2.4,filesystem=lustre-a"
 _FIELD = re.compile(r"^([A-Za-z ]+):[ \t]*(.*?)\s*$", re.MULTILINE)
 _DRIVER = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def start_board_lookup(roots: Roots) -> BoardLookup | None:
+    """Read the boards' serials through NVML, from now on, when the NVIDIA driver lists a
+    GPU here (no NVML library is loaded on a host without one)."""
+    try:
+        if not os.listdir(roots.proc("driver", "nvidia", "gpus")):
+            return None
+    except OSError:
+        return None
+    from denpex.gpu.nvml.boards import BoardLookup  # only here: a run without GPUs skips it
+
+    return BoardLookup()
 
 
 def gpu_information(roots: Roots) -> dict[str, dict[str, str]]:
@@ -74,12 +92,20 @@ def workload_name(env: Mapping[str, str], argv: Sequence[str] = ()) -> str | Non
     return " ".join(argv)[:200] or None
 
 
-def rank_gpus(processes: JobProcesses | None, roots: Roots, host: str) -> list[dict[str, Any]]:
-    """[{host, rank, pci, uuid, vbios}] for each GPU a rank's process held (opened, or was
-    given through CUDA_VISIBLE_DEVICES); GPUs held by no known rank are listed without one."""
+def rank_gpus(
+    processes: JobProcesses | None,
+    roots: Roots,
+    host: str,
+    boards: Mapping[str, Mapping[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """[{host, rank, pci, serial, uuid, vbios}] for each GPU a rank's process held (opened,
+    or was given through CUDA_VISIBLE_DEVICES); GPUs held by no known rank are listed without
+    one. `boards`: NVML's identities by PCI bus id (BoardLookup), which add the serial."""
     if processes is None:
         return []
     info = gpu_information(roots)
+    for bus_id, board in (boards or {}).items():
+        info[pci_key(bus_id)] = {**board, **info.get(pci_key(bus_id), {})}
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     for rank, proc in sorted(processes.rank_processes().items()):
@@ -100,10 +126,11 @@ def run_facts(
     processes: JobProcesses | None,
     argv: Sequence[str] = (),
     on_this_host: bool = True,
+    boards: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The report fields of one run: started_ns, name, gpus and labels (those known)."""
     facts: dict[str, Any] = {
-        "gpus": rank_gpus(processes, roots, host),
+        "gpus": rank_gpus(processes, roots, host, boards),
         "labels": host_labels(roots, env, on_this_host=on_this_host),
     }
     name = workload_name(env, argv)

@@ -6,6 +6,7 @@ reads what it is fed and writes the reports it was asked for; it never touches t
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -24,12 +25,15 @@ from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.lite.agent_link import AgentLink, job_name
 from denpex.lite.hostwatch import RunHostWatch
 from denpex.lite.job_watch import JobWatch
-from denpex.lite.run_facts import run_facts
+from denpex.lite.run_facts import run_facts, start_board_lookup
 from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
 from denpex.lite.scanner import LINE_CAP, Scanner
 from denpex.lite.sdk_channel import SdkListener
 
+log = logging.getLogger("denpex.lite.session")
+
 if TYPE_CHECKING:
+    from denpex.gpu.nvml.boards import BoardLookup
     from denpex.retrieval.index import Hit
 
 STREAM_NAMES = {1: "stdout", 2: "stderr"}
@@ -81,6 +85,7 @@ class LiteSession:
         # has died: what the agent saw counts from the job's start, not from here
         self.agent_since_ns = host_watch.started_ns if host_watch else time.time_ns()
         self.sdk = sdk  # the job's SDK socket (`denpex run`), read on every tick
+        self.boards: BoardLookup | None = None  # the GPUs' serials, for a shipped report
         self.inputs = InputNotes()
         self._tails: dict[str, LongLineTails] = {}
 
@@ -103,6 +108,8 @@ class LiteSession:
             child_pid=child_pid,
             sdk=sdk,
         )
+        if options.sinks and host_watch is not None:  # read while the job runs, not at its end
+            session.boards = start_board_lookup(host_watch.roots)
         link = AgentLink.from_env()
         if child_pid and link is not None:
             registration = Registration(
@@ -361,6 +368,9 @@ class LiteSession:
         """started_ns, name, gpus and labels of this run, for its report (those known). A
         scan reads logs from anywhere: this host's driver and kernel are not theirs."""
         watch = self.host_watch
+        boards = self.boards.result() if self.boards is not None else None
+        if self.boards is not None and self.boards.problem:
+            log.info("job report: %s", self.boards.problem)
         return run_facts(
             roots=watch.roots if watch is not None else Roots(),
             env=os.environ,
@@ -369,6 +379,7 @@ class LiteSession:
             processes=self.job.processes if self.job is not None else None,
             argv=self.options.command,
             on_this_host=watch is not None,
+            boards=boards,
         )
 
     def write_retrieval(self, data: dict) -> None:

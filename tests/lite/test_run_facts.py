@@ -9,7 +9,7 @@ from pathlib import Path
 
 from denpex.core.roots import Roots
 from denpex.lite.job_processes import JobProcesses
-from denpex.lite.run_facts import host_labels, run_facts, workload_name
+from denpex.lite.run_facts import host_labels, run_facts, start_board_lookup, workload_name
 
 UUID = "GPU-5f0e3a1c-92d4-4e56-8d2f-3a7c1b2e9d40"
 # what the 550 driver writes in /proc/driver/nvidia/gpus/<pci>/information
@@ -86,3 +86,24 @@ def test_a_scan_claims_nothing_of_this_host(tmp_path):
     assert facts == {"gpus": [], "labels": {}}
     assert workload_name({}, ["python", "train.py"]) == "python train.py"
     assert workload_name({}, []) is None
+
+
+def test_nvml_adds_each_boards_serial_by_its_bus_id(tmp_path):
+    roots = Roots(procfs=str(fake_proc(tmp_path)))
+    job = JobProcesses(roots, 100)
+    job.poll()
+    boards = {  # what BoardLookup read through NVML: NVML's bus ids, upper case, 8-digit domain
+        "00000000:3B:00.0": {"serial": "1652923012345", "uuid": UUID, "vbios": "96.00.89.00.01"},
+        "00000000:5E:00.0": {"uuid": UUID.replace("9d40", "9d41")},  # a board with no serial
+        "00000000:AF:00.0": {"serial": "1652923099999"},  # held by no rank of this job
+    }
+    facts = run_facts(roots=roots, env={}, host="node7", started_ns=1, processes=job, boards=boards)
+    assert [(g["rank"], g["pci"], g.get("serial")) for g in facts["gpus"]] == [
+        (0, "0000:3b:00", "1652923012345"),
+        (1, "0000:5e:00", None),
+    ]
+    assert facts["gpus"][0]["uuid"] == UUID and facts["gpus"][0]["vbios"] == "96.00.89.00.01"
+
+
+def test_no_nvml_lookup_on_a_host_without_nvidia_gpus(tmp_path):
+    assert start_board_lookup(Roots(procfs=str(tmp_path))) is None

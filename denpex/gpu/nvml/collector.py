@@ -16,8 +16,6 @@ NVML error and never blocks a poll longer than one deadline.
 
 from __future__ import annotations
 
-import ctypes
-import os
 from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
@@ -29,13 +27,10 @@ from denpex.core.roots import Roots, read_text
 from denpex.gpu.base import GpuCollector
 from denpex.gpu.nvml.detect import Finding, detect
 from denpex.gpu.nvml.events import EventWatcher
+from denpex.gpu.nvml.library import SHIM_ENV, SHIM_SCENARIO_ENV, ShimError, bind_library
 from denpex.gpu.nvml.metrics import HELP, down_metrics, gpu_labels, sample_metrics, xid_metrics
 from denpex.gpu.nvml.query import GpuGone, GpuReader, GpuSample, GpuUnreadable
-from denpex.gpu.nvml.scenario import FakeLibraryError, ScenarioError, prepare_shim
 from denpex.gpu.nvml.xid import XidBurst, XidTableError, XidTracker, default_table, merge_overrides
-
-SHIM_ENV = "DENPEX_NVML_SHIM"
-SHIM_SCENARIO_ENV = "DENPEX_NVML_SCENARIO"
 
 
 class NvmlCollector(GpuCollector):
@@ -80,19 +75,10 @@ class NvmlCollector(GpuCollector):
             import pynvml
         except ImportError:
             return "pynvml is not installed: pip install nvidia-ml-py"
-        about = "NVML"
-        if os.environ.get(SHIM_ENV) == "1":
-            scenario = os.environ.get(SHIM_SCENARIO_ENV)
-            if not scenario:
-                return f"{SHIM_ENV}=1 needs {SHIM_SCENARIO_ENV}=FILE.yaml (a scenario)"
-            try:
-                library = prepare_shim(scenario)
-            except (ScenarioError, FakeLibraryError) as exc:
-                return f"NVML shim: {exc}"
-            with pynvml.libLoadLock:
-                if pynvml.nvmlLib is None:
-                    pynvml.nvmlLib = ctypes.CDLL(str(library))
-            about = f"fake NVML (scenario {scenario})"
+        try:
+            about = bind_library(pynvml)
+        except ShimError as exc:
+            return str(exc)
         try:
             self._system.call(pynvml.nvmlInit)
             self._count = int(self._system.call(pynvml.nvmlDeviceGetCount))

@@ -127,15 +127,7 @@ class GpuReader:
 
     def read(self) -> GpuSample:
         self.errors = {}
-        if self.handle is None:
-            handle, code = self.attempt("nvmlDeviceGetHandleByIndex", self.index)
-            if code:
-                raise GpuUnreadable(
-                    "nvmlDeviceGetHandleByIndex", code, str(self.nvml.NVMLError(code))
-                )
-            self.handle = handle
-        if not self.identity:
-            self.identity = self._read_identity()
+        self.read_identity()
         self._read_mig_mode()
         sample = GpuSample(self.index, dict(self.identity))
         if self.mig_mode is not None:
@@ -151,6 +143,20 @@ class GpuReader:
             sample.mig = read_mig_devices(self)
         sample.errors, sample.denied = self.errors, set(self.denied)
         return sample
+
+    def read_identity(self) -> dict[str, str]:
+        """The GPU's identity (UUID, PCI bus id, board serial, name, VBIOS), read once; ""
+        for what the GPU does not answer (a GeForce board has no serial)."""
+        if self.handle is None:
+            handle, code = self.attempt("nvmlDeviceGetHandleByIndex", self.index)
+            if code:
+                raise GpuUnreadable(
+                    "nvmlDeviceGetHandleByIndex", code, str(self.nvml.NVMLError(code))
+                )
+            self.handle = handle
+        if not self.identity:
+            self.identity = self._read_identity()
+        return self.identity
 
     def _read_identity(self) -> dict[str, str]:
         h = self.handle
