@@ -2,7 +2,8 @@
 # The one command that runs every check denpex needs a real NVIDIA GPU for: NVML against the
 # real driver (no shim), DCGM when it is installed, the SDK's CUDA paths (NaN hook, checksums
 # of CUDA tensors, canary), CUPTI through dx.watch when it exists, and a real CUDA OOM and
-# illegal-address job under `denpex run`. One PASS/FAIL/SKIP line per check, in under 8
+# illegal-address job under `denpex run`, the board serials of the job report, and a Keras
+# fit on the GPU (with a CUDA build of TensorFlow). One PASS/FAIL/SKIP line per check, in under 8
 # minutes; exit 1 on any FAIL. Without a GPU it says so, prints every check SKIP and exits 0
 # (what CI sees). The checks are scripts/gpu_check.py.
 # Usage: bash scripts/gpu-check.sh        (PYTHON=... picks the interpreter, default python3)

@@ -330,6 +330,64 @@ def check_run_illegal_address() -> str:
     return _diagnosed(ILLEGAL_ADDRESS_JOB, "cuda.illegal_address")
 
 
+def check_board_serials() -> str:
+    """The board serials `denpex run` puts in its job report (BoardLookup, through NVML) are
+    those nvidia-smi prints for the same PCI bus ids."""
+    os.environ.pop("DENPEX_NVML_SHIM", None)
+    from denpex.gpu.nvml.boards import BoardLookup
+
+    lookup = BoardLookup()
+    boards = lookup.result(30.0)
+    if lookup.problem:
+        raise Fail(lookup.problem)
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=pci.bus_id,serial", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    expected = {}
+    for line in smi.splitlines():
+        bus_id, _, serial = (c.strip() for c in line.partition(","))
+        if bus_id:
+            expected[bus_id.upper()] = "" if serial.startswith("[") else serial  # [N/A]
+    got = {bus_id.upper(): board.get("serial", "") for bus_id, board in boards.items()}
+    if got != expected:
+        raise Fail(f"NVML gave serials {got}; nvidia-smi {expected}")
+    named = sum(1 for serial in got.values() if serial)
+    return f"{len(got)} GPU(s), {named} with a board serial, as nvidia-smi prints them"
+
+
+def check_keras_fit() -> str:
+    """A Keras fit on the GPU, watched by the denpex callback: one train.nan_loss, at the
+    step whose batch carries a NaN, and nothing for the steps before it."""
+    try:
+        import numpy as np
+        import tensorflow as tf
+    except ImportError as exc:
+        raise Skip(f"TensorFlow is not installed ({exc})") from exc
+    if not tf.config.list_physical_devices("GPU"):
+        build = "CPU-only" if not tf.test.is_built_with_cuda() else "CUDA"
+        raise Skip(f"TensorFlow {tf.__version__} ({build} build) sees no GPU")
+    from denpex.sdk.integrations.tensorflow import DenpexCallback
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 8)).astype("float32")
+    y = x @ np.arange(8, dtype="float32")
+    x[5 * 8] = np.nan  # a sample of the sixth batch
+    got: list = []
+    with tf.device("/GPU:0"):
+        model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[DenpexCallback(emit=got.append, hang_floor_s=60)])  # fmt: skip
+    device = model.layers[0].kernel.value.device
+    if "GPU" not in device:
+        raise Fail(f"the model's weights are on {device}, not a GPU")
+    nans = [e for e in got if getattr(e, "category", None) == "train.nan_loss"]
+    if len(nans) != 1 or nans[0].captures.get("step") != "6":
+        raise Fail(f"expected one train.nan_loss at step 6, got {[e.captures for e in nans]}")
+    return f"TensorFlow {tf.__version__} on {device}: train.nan_loss at step 6"
+
+
 # name → (check, seconds it may take)
 CHECKS: dict[str, tuple[Callable[[], str], float]] = {
     "nvml-real-driver": (check_nvml, 45),
@@ -340,6 +398,8 @@ CHECKS: dict[str, tuple[Callable[[], str], float]] = {
     "cupti": (check_cupti, 45),
     "run-cuda-oom": (check_run_oom, 60),
     "run-cuda-illegal-address": (check_run_illegal_address, 60),
+    "report-board-serials": (check_board_serials, 40),
+    "keras-fit-gpu": (check_keras_fit, 90),
 }
 
 

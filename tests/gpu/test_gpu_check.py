@@ -28,6 +28,8 @@ NAMES = [
     "cupti",
     "run-cuda-oom",
     "run-cuda-illegal-address",
+    "report-board-serials",
+    "keras-fit-gpu",
 ]
 UUID = "GPU-5a1e0c3d-77aa-4e2b-9c1f-0123456789ab"
 DRIVER = "570.124.06"
@@ -188,3 +190,24 @@ def test_dcgm_check_fails_when_the_health_check_is_refused(
 def test_dcgm_check_skips_without_libdcgm(tmp_path: Path) -> None:
     done = _one("dcgm", {**_bin_without_nvidia_smi(tmp_path), "LD_LIBRARY_PATH": ""})
     assert done.returncode == 2 and done.stdout.startswith("SKIP dcgm: libdcgm not installed")
+
+
+def test_board_serial_check_passes_where_nvml_and_nvidia_smi_agree(
+    nvml_env: dict[str, str], tmp_path: Path
+) -> None:
+    serial = "1650000000000"  # the fake's serial of GPU 0 (scenario.identity)
+    (tmp_path / "bin" / "nvidia-smi").write_text(f'#!/bin/sh\necho "00000000:18:00.0, {serial}"\n')
+    done = _one("report-board-serials", nvml_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("PASS report-board-serials: 1 GPU(s), 1 with a board serial")
+    (tmp_path / "bin" / "nvidia-smi").write_text('#!/bin/sh\necho "00000000:18:00.0, 99"\n')
+    done = _one("report-board-serials", nvml_env)
+    assert done.returncode == 1 and "NVML gave serials" in done.stdout, done.stdout
+
+
+def test_keras_check_skips_where_tensorflow_sees_no_gpu(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow", reason="needs TensorFlow: pip install tensorflow-cpu")
+    env = {**_bin_without_nvidia_smi(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    done = _one("keras-fit-gpu", env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.startswith("SKIP keras-fit-gpu: TensorFlow") and "sees no GPU" in done.stdout
