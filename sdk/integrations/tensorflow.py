@@ -103,13 +103,15 @@ def worker_place(strategy: Any = None, env: Mapping[str, str] | None = None) -> 
 class CoordinationStore:
     """The heartbeat Store over TensorFlow's coordination service (set / check / multi_get,
     as the progress monitor asks a torch Store). The service refuses to overwrite a key, so a
-    set deletes first; a read waits up to `wait_ms` for a key, which covers that gap."""
+    set deletes first; a read of a key seen before waits up to `wait_ms` for it, which covers
+    that gap, and a key never seen (a worker not started yet) is not waited for."""
 
     def __init__(self, wait_ms: int = 200) -> None:
         from tensorflow.python.eager import context
 
         self._context = context.context()
         self.wait_ms = wait_ms
+        self._seen: set[str] = set()
 
     @staticmethod
     def available() -> bool:
@@ -126,10 +128,13 @@ class CoordinationStore:
         self._context.set_config_key_value(key, value.decode())
 
     def _get(self, key: str) -> bytes | None:
+        wait_ms = self.wait_ms if key in self._seen else 1
         try:
-            return self._context.get_config_key_value(key, self.wait_ms).encode()
+            value = self._context.get_config_key_value(key, wait_ms).encode()
         except tf.errors.OpError:  # not there (yet): DeadlineExceeded after wait_ms
             return None
+        self._seen.add(key)
+        return value
 
     def check(self, keys: list[str]) -> bool:
         return all(self._get(key) is not None for key in keys)
