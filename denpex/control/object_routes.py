@@ -18,7 +18,7 @@ from starlette.concurrency import run_in_threadpool
 
 from denpex.control.objects import ObjectError, ObjectInfo, ObjectStore, TenantObjects
 from denpex.control.objects.bundle import store_bundle
-from denpex.control.store import Store
+from denpex.control.store import NotFound, Store
 from denpex.enterprise import Principal
 
 
@@ -53,7 +53,10 @@ def add_object_routes(
         who: Annotated[Principal, Depends(principal("jobs:read"))], report_id: str
     ) -> Response:
         mine = objects.scoped(who)
-        store.scoped(who).report(report_id)  # NotFound (404) for an id of no report of mine
+        try:
+            store.scoped(who).report(report_id)  # the tenant's report, or 404
+        except NotFound:
+            raise NotFound("no such report") from None  # the id sits in the URL already
         data, info = mine.get("reports", report_id)
         return Response(data, media_type="application/json", headers=_headers(info))
 
