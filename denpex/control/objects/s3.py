@@ -1,7 +1,8 @@
 """The S3 backend of the object store (boto3), for AWS S3 and any S3-compatible endpoint (Ceph
-RGW, moto's server, MinIO): one PUT per object with its SHA-256 as object metadata and, where
-the server supports flexible checksums, as x-amz-checksum-sha256 (checksum=md5 sends
-Content-MD5 instead, for servers that predate them); server-side encryption when asked.
+RGW, moto's server, MinIO): one PUT per object with its SHA-256 as object metadata, with
+Content-MD5 (which every S3 server checks, Ceph RGW 16 included) and, unless checksum=md5, also
+x-amz-checksum-sha256 (AWS checks it; servers that predate flexible checksums ignore it);
+server-side encryption when asked.
 
 Credentials come from boto3's own chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a
 profile, an instance role), as for the AWS KMS. Every botocore failure becomes an ObjectError
@@ -37,7 +38,7 @@ class S3Options:
     region: str = "us-east-1"
     sse: str | None = None  # "AES256" or "aws:kms"
     kms_key: str | None = None  # with sse=aws:kms: the key id or alias (None: the bucket's)
-    checksum: str = "sha256"  # "sha256" (x-amz-checksum-sha256) or "md5" (Content-MD5)
+    checksum: str = "sha256"  # "sha256": x-amz-checksum-sha256 too; "md5": Content-MD5 only
     create: bool = False  # create the bucket when it is missing (the appliance's own RGW)
     timeout_s: float = 10.0
 
@@ -128,7 +129,18 @@ class S3Backend:
                 return ObjectError(f"object store {self.where}: the server {why} ({what})")
             if code in _MISSING_KEY:
                 return ObjectNotFound(f"no object {what}")
-            message = exc.response.get("Error", {}).get("Message", "")
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"):
+                return ObjectError(
+                    f"object store {self.where}: {what}: the server found the bytes changed in "
+                    f"transit ({code}); nothing was stored, send it again"
+                )
+            if code == "InvalidRequest" and self.options.sse is not None:
+                return ObjectError(
+                    f"object store {self.where}: {what}: the server refused sse="
+                    f"{self.options.sse} (InvalidRequest; Ceph RGW serves SSE only over TLS "
+                    "with a KMS set up): set it up there, or drop sse= from --objects"
+                )
+            message = exc.response.get("Error", {}).get("Message") or ""
             return ObjectError(f"object store {self.where}: {what}: {code} {message}".rstrip())
         return ObjectError(f"object store {self.where}: {what}: {type(exc).__name__}: {exc}")
 
@@ -167,10 +179,9 @@ class S3Backend:
             "ContentType": content_type,
             "Metadata": {"sha256": sha256},
         }
+        args["ContentMD5"] = base64.b64encode(hashlib.md5(data).digest()).decode()
         if self.options.checksum == "sha256":
             args["ChecksumSHA256"] = base64.b64encode(bytes.fromhex(sha256)).decode()
-        else:
-            args["ContentMD5"] = base64.b64encode(hashlib.md5(data).digest()).decode()
         if self.options.sse is not None:
             args["ServerSideEncryption"] = self.options.sse
             if self.options.sse == "aws:kms" and self.options.kms_key:
