@@ -105,7 +105,7 @@ def test_an_incident_bundle_is_built_once_per_state_and_served_from_the_store(ap
     members = read_members(first.content)
     assert members["reports/r-bundle-1.json"] == raw  # the archive, byte for byte
     assert json.loads(members["incident.json"])["id"] == incident["id"]
-    assert {"evidence/r-bundle-1_e1.json", "evidence/r-bundle-1_e2.json"} <= set(members)
+    assert {"evidence/r-bundle-1%2Fe1.json", "evidence/r-bundle-1%2Fe2.json"} <= set(members)
     manifest = json.loads(members["manifest.json"])
     assert manifest["tenant"] == "acme" and manifest["format"] == "denpex.bundle/v1"
     for name, entry in manifest["files"].items():

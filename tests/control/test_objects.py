@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from denpex.control.objects import (
     ObjectCorrupt,
@@ -90,6 +93,19 @@ def test_a_tenant_reaches_only_its_own_prefix(objects):
         assert red.key("bundles", name).startswith("tenants/red/bundles/")
         assert "/" not in red.key("bundles", name).removeprefix("tenants/red/bundles/")
     assert blue.get("bundles", "incident-1.tar.gz")[0] == b"blue's bundle"
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=1, max_size=60))
+def test_any_name_is_one_segment_inside_its_kind_and_lists_back_as_itself(name):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        red = open_objects(f"file://{root}").for_leader("red")
+        assert red.key("reports", name).count("/") == 3  # tenants/red/reports/<one segment>
+        red.put("reports", name, b"{}", "application/json")
+        assert [n for n, _ in red.list("reports")] == [name]
+        assert red.get("reports", name)[0] == b"{}"
 
 
 def test_scoped_needs_a_principal_that_authenticate_made(objects):

@@ -17,6 +17,7 @@ import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from denpex.control.objects import ObjectInfo, ObjectNotFound, TenantObjects
 from denpex.control.objects.model import settings, sha256_of
@@ -97,8 +98,9 @@ def build_bundle(
 
 
 def _member(ref: str) -> str:
-    """An id as a file name inside the tar (ids may hold '/')."""
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in ref)[:200]
+    """An id as one file name inside the tar, percent-encoded: ids may hold '/', and two ids
+    never share a name."""
+    return quote(ref, safe="")
 
 
 def bundle_name(incident: Mapping[str, Any]) -> str:
