@@ -112,7 +112,7 @@ log "staging $NAME"
 cp -RL "$BINARY_DIR" "$STAGE/denpex"  # -L: a bundle holds plain files only
 cp -L "$STATIC" "$STAGE/denpex-static"
 cp "$HERE/bundle/install.sh" "$STAGE/install.sh"
-for folder in systemd slurm k8s config; do
+for folder in systemd slurm k8s config objects; do
     cp -R "$HERE/bundle/$folder" "$STAGE/$folder"
 done
 cp "$HERE/bundle/README.txt" "$STAGE/README.txt"

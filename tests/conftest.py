@@ -34,6 +34,19 @@ import orjson  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _objects_in_a_temporary_folder(tmp_path_factory):
+    """`denpex server` keeps report archives and evidence bundles under the state dir by
+    default: the suite's servers (in-process, and the subprocesses that inherit the variable)
+    keep them in a temporary folder instead, so that a test run leaves nothing behind."""
+    if "DENPEX_OBJECTS" in os.environ:
+        yield
+        return
+    os.environ["DENPEX_OBJECTS"] = f"file://{tmp_path_factory.mktemp('objects')}"
+    yield
+    os.environ.pop("DENPEX_OBJECTS", None)
+
+
 @pytest.fixture(scope="session")
 def diagnosis_schema() -> dict:
     text = resources.files("denpex.core").joinpath("schemas/diagnosis.v1.json").read_text()

@@ -26,6 +26,7 @@ examples:
   denpex server                                          # SQLite under the state dir, 127.0.0.1:9479
   denpex server --db sqlite:///var/lib/denpex/cp.db --listen 127.0.0.1:9479
   denpex server --db postgresql://denpex@db:5432/denpex --listen 0.0.0.0:9479
+  denpex server --objects 's3://denpex/cp?endpoint=http://127.0.0.1:7480&sse=AES256'
   denpex server token --db postgresql://denpex@db:5432/denpex --tenant research --role operator
   curl -H "Authorization: Bearer $T" http://cp:9479/api/v1/incidents
 """
@@ -144,6 +145,15 @@ def add_parser(commands) -> None:
         "where the global view is (see denpex/control/residency.py)",
     )
     _kms_option(parser)
+    parser.add_argument(
+        "--objects",
+        metavar="URL",
+        help="where report archives, incident evidence bundles and RMA attachments are kept: "
+        "file:///PATH (default: a folder under the state dir) or s3://BUCKET[/PREFIX]?endpoint="
+        "URL&region=R&sse=AES256|aws:kms&checksum=sha256|md5&create=1 (any S3-compatible "
+        "endpoint; credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) (also: "
+        "DENPEX_OBJECTS)",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -220,6 +230,7 @@ def handle(args: argparse.Namespace) -> int:
 
     try:
         from denpex.control.db import StoreError
+        from denpex.control.objects import ObjectError
         from denpex.control.quotas import QuotaPolicy
         from denpex.control.retention import RetentionPolicy
         from denpex.control.server import ServerOptions, serve
@@ -245,6 +256,7 @@ def handle(args: argparse.Namespace) -> int:
         oidc=_oidc(args),
         saml=_saml(args),
         kms_url=args.kms,
+        objects_url=args.objects,
         remediation_backend=args.remediation_backend,
         remediation_webhook_url=args.remediation_webhook_url,
         notify_channels=_notify(args.notify),
@@ -260,7 +272,7 @@ def handle(args: argparse.Namespace) -> int:
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
-    except (StoreError, PolicyError) as exc:
+    except (StoreError, PolicyError, ObjectError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -32,6 +32,8 @@ from denpex.control.access import Decides, add_access_routes
 from denpex.control.db import Database, StoreError
 from denpex.control.denials import DenialStore
 from denpex.control.leader import Leadership
+from denpex.control.object_routes import add_object_routes, archive_report
+from denpex.control.objects import ObjectStore
 from denpex.control.quotas import Quotas
 from denpex.control.remediation_api import add_routes as add_remediation_routes
 from denpex.control.residency import Residency, audit_refusal
@@ -68,6 +70,7 @@ class Runtime(Protocol):
     oidc: OidcVerifier | None
     secrets: SecretStore
     residency: Residency | None
+    objects: ObjectStore
 
     def wake_leader(self) -> None: ...
 
@@ -103,6 +106,7 @@ def create_app(rt: Runtime) -> FastAPI:
     add_remediation_routes(app, rt.db, rt.store, principal)
     add_scim_routes(app, rt, principal, public)
     add_mfa_api(app, rt, principal)
+    add_object_routes(app, rt.store, rt.objects, principal)
 
     # --- service ---------------------------------------------------------------------------
 
@@ -120,6 +124,7 @@ def create_app(rt: Runtime) -> FastAPI:
             "schema": rt.schema_revision,
             "leader": state.leader,
             "epoch": state.epoch,
+            "objects": rt.objects.kind,
         }
 
     @app.get("/metrics", tags=["service"], response_class=Response)
@@ -177,6 +182,8 @@ def create_app(rt: Runtime) -> FastAPI:
                 rt.residency.check_report(who.tenant, report)
         _admit(rt, who.tenant, 1 + len(report.evidence.rows))
         new = await run_in_threadpool(rt.store.scoped(who).add_report, report, now)
+        # after the row: a failed archive answers 503 and the client's retry archives it
+        await run_in_threadpool(archive_report, rt.objects.scoped(who), report.id, data, new)
         rt.metrics.ingested.labels(who.tenant, "report").inc(int(new))
         rt.metrics.duplicates.labels(who.tenant, "report").inc(int(not new))
         rt.wake_leader()

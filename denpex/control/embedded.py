@@ -71,6 +71,8 @@ class EmbeddedControlPlane:
             port=self.settings.port,
             kms_url=os.environ.get("DENPEX_KMS")
             or f"file://{self.settings.state_dir / 'kek.json'}",
+            objects_url=os.environ.get("DENPEX_OBJECTS")
+            or f"file://{self.settings.state_dir / 'objects'}",
         )
         self.runtime = Runtime(options)
         self._ensure_agent_token(self.runtime.store)

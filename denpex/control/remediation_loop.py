@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from denpex.control.db import Database
+from denpex.control.objects import ObjectStore
+from denpex.control.objects.bundle import store_bundle
 from denpex.control.remediation_store import RemediationStore
 from denpex.control.store import Fence, Fenced, Store
 from denpex.remediation import diagnostics, guards
@@ -22,7 +24,7 @@ from denpex.remediation import executor as ex
 from denpex.remediation.backend import Backend, BackendError
 from denpex.remediation.kube import KubernetesBackend
 from denpex.remediation.notify import Notifier
-from denpex.remediation.notify_log import NotifyingLog
+from denpex.remediation.notify_log import BundleStore, NotifyingLog
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
 from denpex.remediation.webhook import WebhookBackend
@@ -59,8 +61,10 @@ class RemediationPass:
         store: Store,
         backend: Backend | None,
         notifier: Notifier | None = None,
+        objects: ObjectStore | None = None,
     ) -> None:
         self.db = db
+        self.objects = objects  # where the RMA hand-off's evidence bundles are stored
         self.store = store
         self.backend = backend
         self.notifier = notifier  # notices of every step (Slack, PagerDuty, webhooks, RMA)
@@ -81,12 +85,30 @@ class RemediationPass:
         if self.backend is None:
             return 0
         taken = 0
-        log: ex.PlanLog = NotifyingLog(rs, self.notifier) if self.notifier else rs
+        log: ex.PlanLog = (
+            NotifyingLog(rs, self.notifier, bundle=self._bundler(tenant, fence))
+            if self.notifier
+            else rs
+        )
         executor = ex.Executor(self.backend, log, policy)
         for record in rs.active_plans():
             after = executor.run(record, time.time_ns())
             taken += after.state != record.state
         return taken
+
+    def _bundler(self, tenant: str, fence: Fence) -> BundleStore | None:
+        """The RMA notice's bundle: stored in the tenant's objects, named by the notice."""
+        if self.objects is None:
+            return None
+        objects = self.objects.for_leader(tenant)
+        store = self.store.for_leader(tenant, fence)
+
+        def bundle(record: ex.PlanRecord) -> dict[str, str]:
+            incident_id = int(record.plan.incident_id or 0)
+            stored = store_bundle(store, objects, incident_id)
+            return {f"incident-{incident_id}-evidence.tar.gz": stored.ref}
+
+        return bundle
 
     def _propose(
         self, rs: RemediationStore, policy, incident_id: int, fence: Fence, now_ns: int

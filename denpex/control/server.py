@@ -32,6 +32,7 @@ from denpex.control.identity_audit import IdentityAudit
 from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
 from denpex.control.mfa_store import MfaStore
+from denpex.control.objects import ObjectStore, open_objects
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
@@ -72,6 +73,7 @@ class ServerOptions:
     oidc: OidcConfig | None = None  # accept OIDC tokens from this provider too
     saml: SamlConfig | None = None  # sign people in to the UI through this SAML IdP too
     kms_url: str | None = None  # the KMS sealing stored secrets (default: a local key file)
+    objects_url: str | None = None  # report archives, bundles, attachments (default: a folder)
     remediation_backend: str | None = None  # "slurm"; None: plans are proposed, never run
     diagnostics_command: tuple[str, ...] | None = None
     remediation_webhook_url: str | None = None  # the webhook backend's receiver
@@ -93,6 +95,17 @@ def kms_url(url: str | None) -> str:
         url
         or os.environ.get("DENPEX_KMS")
         or f"file://{default_state_dir() / 'server' / 'kek.json'}"
+    )
+
+
+def objects_url(url: str | None) -> str:
+    """The object store URL in use: `url`, DENPEX_OBJECTS, else a folder under the state dir."""
+    import os
+
+    return (
+        url
+        or os.environ.get("DENPEX_OBJECTS")
+        or f"file://{default_state_dir() / 'server' / 'objects'}"
     )
 
 
@@ -138,6 +151,8 @@ class Runtime:
             self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
         self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
         self.mfa = MfaStore(self.db, self.secrets)
+        self.objects: ObjectStore = open_objects(objects_url(options.objects_url))
+        self.objects.backend.check()  # fail fast: a missing bucket is a start-up error
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)
@@ -156,7 +171,10 @@ class Runtime:
                 self.db,
                 self.store,
                 self.backend,
-                Notifier(options.notify_channels) if options.notify_channels else None,
+                Notifier(options.notify_channels, attachments=self.objects.read_for)
+                if options.notify_channels
+                else None,
+                objects=self.objects,
             ),
             self.store.tenants,
             self._leading_fence,

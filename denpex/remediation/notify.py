@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from denpex.core.audit import canonical
-from denpex.remediation import delivery
+from denpex.remediation import delivery, rma
 
 log = logging.getLogger("denpex.remediation.notify")
 CHANNEL_TYPES = ("slack", "pagerduty", "webhook", "jira", "rma_webhook")
@@ -55,6 +55,8 @@ class Notice:
     ts_ns: int = field(default_factory=time.time_ns)
     serials: Sequence[str] = ()  # for RMA: the failing parts' serial numbers
     evidence: Mapping[str, str] = field(default_factory=dict)  # for RMA: file name → text
+    # for RMA: file name → the object (kind/name) in the tenant's object store, read at send
+    attachments: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in settings()["kinds"]:
@@ -186,7 +188,13 @@ def load_channels(data: Mapping[str, Any]) -> list[Channel]:
     return [Channel.from_dict(str(n), c) for n, c in (data.get("channels") or {}).items()]
 
 
-def send(channel: Channel, notice: Notice, *, sleep: Callable[[float], None] = time.sleep) -> Any:
+def send(
+    channel: Channel,
+    notice: Notice,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    read: rma.AttachmentReader | None = None,
+) -> Any:
     """Deliver one notice to one channel; the Delivery (or the RMA ticket's record)."""
     key = f"{channel.name}-{notice.key()}"
     if channel.type == "slack":
@@ -198,19 +206,22 @@ def send(channel: Channel, notice: Notice, *, sleep: Callable[[float], None] = t
     if channel.type in ("webhook", "rma_webhook"):
         payload = generic_payload(notice)
         return delivery.post(channel.url, payload, delivery=key, secret=channel.secret, sleep=sleep)
-    from denpex.remediation import rma
-
-    return rma.open_jira_ticket(channel, notice, sleep=sleep)
+    return rma.open_jira_ticket(channel, notice, sleep=sleep, read=read)
 
 
 class Notifier:
     """Queues notices and sends them from one worker thread; counts what happened."""
 
     def __init__(
-        self, channels: Sequence[Channel], *, sleep: Callable[[float], None] = time.sleep
+        self,
+        channels: Sequence[Channel],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        attachments: rma.AttachmentReader | None = None,
     ) -> None:
         self.channels = list(channels)
         self.sleep = sleep
+        self.attachments = attachments  # reads a notice's attachments from the object store
         self.counts = {"submitted": 0, "sent": 0, "failed": 0, "retries": 0, "duplicates": 0}
         self.last: dict[str, Any] = {}  # channel name → the last delivery's record
         self._sent: set[str] = set()
@@ -239,7 +250,7 @@ class Notifier:
             self.counts["duplicates"] += 1
             return
         try:
-            out = send(channel, notice, sleep=self.sleep)
+            out = send(channel, notice, sleep=self.sleep, read=self.attachments)
         except Exception as exc:  # a broken receiver must not stop the others
             log.warning("notify %s: %s failed: %s", channel.name, notice.kind, exc)
             self.counts["failed"] += 1

@@ -2,23 +2,52 @@
 fenced and audited) first, then the matching notice is queued (notify.Notifier): a step that
 waits for a human, one that finished, a plan that is done, failed or handed to RMA.
 
+The RMA notice names the incident's evidence bundle as an attachment: `bundle` (the control
+plane's) stores it in the object store and returns file name → object, which the Jira hand-off
+reads when it sends.
+
 It must never change what the wrapped log records, nor let a notification fail a step: the
-notifier only queues.
+notifier only queues, and a bundle that cannot be stored is noted in the notice instead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from denpex.remediation.executor import DONE, FAILED, PlanLog, PlanRecord
 from denpex.remediation.machine import Event, State
 from denpex.remediation.notify import Notice, Notifier
 
+logger = logging.getLogger("denpex.remediation.notify")
+
+# a plan → its incident's stored evidence bundle as {file name: "kind/name"}
+BundleStore = Callable[[PlanRecord], Mapping[str, str]]
+
 
 class NotifyingLog:
-    def __init__(self, log: PlanLog, notifier: Notifier, *, link: str | None = None) -> None:
+    def __init__(
+        self,
+        log: PlanLog,
+        notifier: Notifier,
+        *,
+        link: str | None = None,
+        bundle: BundleStore | None = None,
+    ) -> None:
         self.log, self.notifier, self.link = log, notifier, link
+        self.bundle = bundle
+
+    def _rma_files(self, record: PlanRecord, detail: str) -> dict[str, Any]:
+        evidence = {"step.json": detail}
+        attachments: Mapping[str, str] = {}
+        if self.bundle is not None and record.plan.incident_id is not None:
+            try:
+                attachments = self.bundle(record)
+            except Exception as exc:  # the hand-off goes ahead, saying what is missing
+                logger.warning("RMA of plan %s: no evidence bundle: %s", record.id, exc)
+                evidence["bundle-error.txt"] = f"the evidence bundle was not stored: {exc}"
+        return {"evidence": evidence, "attachments": dict(attachments)}
 
     def _notice(self, record: PlanRecord, kind: str, summary: str, **extra: Any) -> None:
         plan = record.plan
@@ -64,7 +93,7 @@ class NotifyingLog:
                 "rma",
                 f"{record.plan.target.host} leaves the pool for repair",
                 state=str(state),
-                evidence={"step.json": detail},
+                **self._rma_files(record, detail),
             )
         if status == DONE:
             self._notice(record, "plan.done", f"plan done after {state}", severity="info")

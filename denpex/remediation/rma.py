@@ -1,6 +1,8 @@
 """The RMA hand-off to Jira (REST API v2, as Jira Data Center serves it): one issue per
 incident with the host, the failing parts' serial numbers and the evidence files attached
-(the incident JSON, logs, `nvidia-smi -q` / DCGM output where collected). The generic signed
+(the incident JSON, logs, `nvidia-smi -q` / DCGM output where collected, and the incident's
+evidence bundle, read from the control plane's object store when the ticket is sent: the
+notice names the object, never carries its bytes). The generic signed
 JSON RMA (channel type `rma_webhook`) goes through notify.generic_payload.
 
 It must never open a second ticket for the same incident: the incident's label is searched
@@ -15,6 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from denpex.remediation import delivery
+
+# (tenant, "kind/name") → the object's bytes: the control plane's object store, injected
+AttachmentReader = Callable[[str, str], bytes]
 
 
 class Channel(Protocol):
@@ -55,13 +60,17 @@ class Notice(Protocol):
     @property
     def evidence(self) -> Mapping[str, str]: ...
 
+    @property
+    def attachments(self) -> Mapping[str, str]: ...
+
     def dedup_key(self) -> str: ...
 
 
 def issue_fields(notice: Notice, project: str, issue_type: str) -> dict[str, Any]:
     """The `fields` of POST /rest/api/2/issue (Jira wiki markup in the description)."""
     serials = "\n".join(f"* {s}" for s in notice.serials) or "* (none reported)"
-    files = "\n".join(f"* [^{name}]" for name in notice.evidence) or "* (none collected)"
+    names = [*notice.evidence, *notice.attachments]
+    files = "\n".join(f"* [^{name}]" for name in names) or "* (none collected)"
     description = (
         f"h3. {notice.summary}\n"
         f"*Host:* {notice.host}\n*Category:* {notice.category}\n*Tenant:* {notice.tenant}\n"
@@ -108,10 +117,41 @@ def _request(
     return None
 
 
+def _content_type(name: str) -> str:
+    if name.endswith((".tar.gz", ".tgz", ".gz")):
+        return "application/gzip"
+    return "application/json" if name.endswith(".json") else "text/plain"
+
+
+def _files(notice: Notice, read: AttachmentReader | None) -> list[tuple[str, Callable[[], bytes]]]:
+    """(name, how to get its bytes) of every file the ticket carries; a stored object is read
+    only when it still has to be attached."""
+
+    def stored(ref: str) -> Callable[[], bytes]:
+        def load() -> bytes:
+            if read is None:
+                raise LookupError(f"no object store to read {ref} from")
+            return read(notice.tenant, ref)
+
+        return load
+
+    def inline(text: str) -> Callable[[], bytes]:
+        return lambda: text.encode()
+
+    out = [(name, inline(text)) for name, text in notice.evidence.items()]
+    out.extend((name, stored(ref)) for name, ref in notice.attachments.items())
+    return out
+
+
 def open_jira_ticket(
-    channel: Channel, notice: Notice, *, sleep: Callable[[float], None] = time.sleep
+    channel: Channel,
+    notice: Notice,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+    read: AttachmentReader | None = None,
 ) -> dict[str, Any]:
-    """Find or open the incident's RMA issue and attach its evidence; the record of it."""
+    """Find or open the incident's RMA issue and attach its evidence and stored objects
+    (`read` fetches those); the record of it."""
     import httpx
 
     base = channel.url.rstrip("/")
@@ -158,16 +198,21 @@ def open_jira_ticket(
                 out["error"] = f"create: {created.status_code if created else '-'} {answer}"
                 return out
             out["key"], out["created"] = created.json()["key"], True
-        for name, text in notice.evidence.items():
+        for name, load in _files(notice, read):
             if name in present:
                 continue
+            try:
+                data = load()
+            except Exception as exc:  # the object store's errors say what to do
+                out["error"] = f"attach {name}: {exc}"
+                return out
             sent = _request(
                 http,
                 "POST",
                 f"{base}/rest/api/2/issue/{out['key']}/attachments",
                 sleep,
                 attempts,
-                files={"file": (name, text.encode(), "text/plain")},
+                files={"file": (name, data, _content_type(name))},
                 headers={**headers, "X-Atlassian-Token": "no-check"},
             )
             if sent is None or sent.status_code != 200:

@@ -3,7 +3,7 @@
 # previously installed version. Never touches the network.
 # Usage: bash install.sh [--prefix DIR] [--pubkey KEY | --trust-carried-key]
 #        [--with-systemd [--enable]] [--with-slurm DIR] [--with-server [--db URL] [--listen HOST:PORT]
-#        [--kms URL]] [--verify-only] [--rollback] [--allow-downgrade] [--force] [--help]
+#        [--kms URL] [--objects URL]] [--verify-only] [--rollback] [--allow-downgrade] [--force] [--help]
 set -euo pipefail
 umask 022
 
@@ -41,6 +41,13 @@ Options:
                      (an HSM), openbao+https://HOST:8200/KEY (Vault/OpenBao transit; BAO_TOKEN
                      in PREFIX/etc/server.env), aws:///alias/NAME, file:///PATH (default: a
                      key file in the server's state folder)
+  --objects URL      with --with-server: where report archives, evidence bundles and RMA
+                     attachments go: s3://BUCKET[/PREFIX]?endpoint=URL (credentials as
+                     AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in PREFIX/etc/server.env) or
+                     file:///PATH. Default: a local S3 endpoint, Ceph RGW on 127.0.0.1:7480
+                     over a one-node cluster in the server's state folder, when Debian's
+                     ceph-mon, ceph-osd and radosgw are installed; else the filesystem (the
+                     server's state folder). install.sh says which it chose.
   --verifier NAME    minisign | openssl | python (default: the first one found, in that order)
   --verify-only      verify the bundle and stop; nothing is written anywhere
   --rollback         point PREFIX/current back to PREFIX/previous (no bundle needed)
@@ -89,6 +96,7 @@ WITH_SERVER=0
 DB_URL=""
 LISTEN=127.0.0.1:9479
 KMS_URL=""
+OBJECTS_URL=""
 VERIFIER=auto
 VERIFY_ONLY=0
 ROLLBACK=0
@@ -129,6 +137,7 @@ while [[ $# -gt 0 ]]; do
         --db) need_value "$@"; DB_URL=$2; shift 2 ;;
         --listen) need_value "$@"; LISTEN=$2; shift 2 ;;
         --kms) need_value "$@"; KMS_URL=$2; shift 2 ;;
+        --objects) need_value "$@"; OBJECTS_URL=$2; shift 2 ;;
         --verifier) need_value "$@"; VERIFIER=$2; shift 2 ;;
         --verify-only) VERIFY_ONLY=1; shift ;;
         --rollback) ROLLBACK=1; shift ;;
@@ -143,13 +152,15 @@ done
 PREFIX=${PREFIX%/}
 [[ -n "$PREFIX" ]] || usage_error "--prefix / is not allowed"
 [[ $ENABLE -eq 0 || $WITH_SYSTEMD -eq 1 ]] || usage_error "--enable goes with --with-systemd"
-if [[ $WITH_SERVER -eq 0 && ( -n "$DB_URL" || -n "$KMS_URL" || "$LISTEN" != 127.0.0.1:9479 ) ]]; then
-    usage_error "--db, --listen and --kms go with --with-server"
+if [[ $WITH_SERVER -eq 0 && ( -n "$DB_URL" || -n "$KMS_URL" || -n "$OBJECTS_URL" || "$LISTEN" != 127.0.0.1:9479 ) ]]; then
+    usage_error "--db, --listen, --kms and --objects go with --with-server"
 fi
 [[ -z "$DB_URL" || "$DB_URL" =~ ^(sqlite:///|postgresql(\+psycopg)?://)[^[:space:]\']+$ ]] ||
     usage_error "--db: sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
 [[ -z "$KMS_URL" || "$KMS_URL" =~ ^(pkcs11:|openbao\+https?://|vault\+https?://|aws:|file:///)[^[:space:]\']*$ ]] ||
     usage_error "--kms: pkcs11:…, openbao+https://…, aws:…, or file:///PATH"
+[[ -z "$OBJECTS_URL" || "$OBJECTS_URL" =~ ^(s3://[a-z0-9][a-z0-9.-]+[a-z0-9](/[^[:space:]\']*)?(\?[^[:space:]\']*)?|file:///[^[:space:]\'?]+)$ ]] ||
+    usage_error "--objects: s3://BUCKET[/PREFIX][?endpoint=URL…] or file:///PATH"
 [[ "$LISTEN" =~ ^[A-Za-z0-9.:_-]+:[0-9]+$ ]] || usage_error "--listen: HOST:PORT"
 [[ -z "$PUBKEY" || $TRUST_CARRIED -eq 0 ]] || usage_error "--pubkey and --trust-carried-key exclude each other"
 [[ -z "$PUBKEY" || -r "$PUBKEY" ]] || usage_error "--pubkey $PUBKEY: cannot read it"
@@ -472,18 +483,46 @@ if [[ $WITH_SERVER -eq 1 ]]; then
         SERVER_STATE="$PREFIX/var/server"
     fi
     DB_URL=${DB_URL:-sqlite:///$SERVER_STATE/control.db}
+    # the object store: the one asked for, else a local RGW when Ceph is here, else files
+    RGW_STATE=${SERVER_STATE%/server}/rgw
+    RGW_ENV=""
+    if [[ -n "$OBJECTS_URL" ]]; then
+        OBJECTS_SAID="object store: ${OBJECTS_URL%%\?*} (as asked)"
+    elif ! bash objects/rgw-single-node.sh check 2>"$WORK/rgw.err"; then
+        OBJECTS_URL="file://$SERVER_STATE/objects"
+        OBJECTS_SAID="object store: the filesystem, $SERVER_STATE/objects (no local S3 server: $(tail -1 "$WORK/rgw.err" | sed 's/^rgw-single-node: //'))"
+    elif RGW_ENV=$(bash objects/rgw-single-node.sh start "$RGW_STATE" 7480 2>"$WORK/rgw.err"); then
+        OBJECTS_URL="s3://denpex/cp?endpoint=http://127.0.0.1:7480&create=1&checksum=md5"
+        OBJECTS_SAID="object store: S3 on Ceph RGW at http://127.0.0.1:7480 (one node, $RGW_STATE)"
+    else
+        OBJECTS_URL="file://$SERVER_STATE/objects"
+        OBJECTS_SAID="object store: the filesystem, $SERVER_STATE/objects (the local Ceph RGW did not start: $(tail -1 "$WORK/rgw.err" | sed 's/^rgw-single-node: //'))"
+    fi
     # credentials (a database password, BAO_TOKEN) live in server.env, 0600, never in the unit
     {
         echo "# written by install.sh --with-server; the control plane reads it at start"
         # single quotes: a pkcs11: or postgresql:// URL holds ; & ? (the checks above refuse ')
         echo "DENPEX_SERVER_DB='$DB_URL'"
         [[ -n "$KMS_URL" ]] && echo "DENPEX_KMS='$KMS_URL'"
-        [[ -f "$PREFIX/etc/server.env" ]] && grep -Ev '^(#|DENPEX_SERVER_DB=|DENPEX_KMS=)' "$PREFIX/etc/server.env"
+        echo "DENPEX_OBJECTS='$OBJECTS_URL'"
+        [[ -n "$RGW_ENV" ]] && echo "$RGW_ENV"
+        keep='^(#|DENPEX_SERVER_DB=|DENPEX_KMS=|DENPEX_OBJECTS='
+        [[ -n "$RGW_ENV" ]] && keep+='|AWS_ACCESS_KEY_ID=|AWS_SECRET_ACCESS_KEY='
+        [[ -f "$PREFIX/etc/server.env" ]] && grep -Ev "$keep)" "$PREFIX/etc/server.env"
     } >"$WORK/server.env" || true
     if ! cmp -s "$WORK/server.env" "$PREFIX/etc/server.env" 2>/dev/null; then
         install -m 0600 "$WORK/server.env" "$PREFIX/etc/server.env"
         changed=1
-        say "wrote $PREFIX/etc/server.env (database${KMS_URL:+ and KMS})"
+        say "wrote $PREFIX/etc/server.env (database${KMS_URL:+, KMS} and object store)"
+    fi
+    say "$OBJECTS_SAID"
+    if [[ -n "$RGW_ENV" ]] && systemd_running; then
+        # the RGW daemons come back after a reboot before the control plane that needs them
+        sed -e "s|@PREFIX@|$PREFIX|g" -e "s|@RGW_STATE@|$RGW_STATE|g" systemd/denpex-rgw.service \
+            >"$WORK/denpex-rgw.service"
+        install_file "$WORK/denpex-rgw.service" "$SYSTEMD_DIR/denpex-rgw.service" 0644
+        systemctl daemon-reload
+        systemctl enable denpex-rgw.service
     fi
     host=${LISTEN%:*}
     port=${LISTEN##*:}

@@ -9,6 +9,7 @@ FORCEd, or is closed to the tenant role."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import random
 import re
@@ -113,6 +114,13 @@ class Matrix:
                 f"/api/v1/gpus/{self.rng.choice(GPUS)}/jobs"
             ),
             ("GET", "/api/v1/reports/{report_id}"): self.get_report,
+            # the object store: a report as received, an incident's evidence bundle (tar.gz)
+            ("GET", "/api/v1/reports/{report_id}/archive"): lambda me, other: self.by_id(
+                "/api/v1/reports/{}/archive", me, other, "reports"
+            ),
+            ("GET", "/api/v1/incidents/{incident_id}/bundle"): lambda me, other: self.by_id(
+                "/api/v1/incidents/{}/bundle", me, other, "incidents"
+            ),
             ("GET", "/api/v1/evidence"): lambda me, other: self.read(
                 "/api/v1/evidence", **self.filters("host", "job", "category")
             ),
@@ -577,7 +585,10 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
             )
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data
-            answered = reply.text.replace(path.rsplit("/", 1)[-1], "")
+            text = reply.text
+            if reply.headers.get("content-type") == "application/gzip":  # a bundle: its JSON
+                text = gzip.decompress(reply.content).decode("utf-8", "replace")
+            answered = text.replace(path.rsplit("/", 1)[-1], "")
             for sent in (kwargs.get("params") or {}).values():
                 answered = answered.replace(str(sent), "")
             if mark(other.tenant) in answered:
@@ -650,6 +661,30 @@ def changed_rows(url: str, kms: str, sides: dict[str, Side]) -> int:
     return bad
 
 
+def changed_objects(root: Path) -> int:
+    """Objects under one tenant's prefix, read from the object store's folder past the
+    application (bundles unpacked), that hold the other tenant's data; each tenant must
+    have some, or the matrix proved nothing."""
+    from denpex.control.objects import open_objects
+    from denpex.control.objects.bundle import read_members
+
+    store = open_objects(f"file://{root}")
+    bad = 0
+    for tenant in TENANTS:
+        other = TENANTS[1 - TENANTS.index(tenant)]
+        mine = store.for_leader(tenant)
+        found = {kind: mine.list(kind) for kind in ("reports", "bundles")}
+        assert found["reports"], f"{tenant} archived no report: the matrix proved nothing"
+        for kind, items in found.items():
+            for name, _ in items:
+                data = mine.get(kind, name)[0]
+                texts = read_members(data).values() if kind == "bundles" else [data]
+                if any(mark(other).encode() in text for text in texts):
+                    print(f"{kind}/{name} of {tenant} holds {other}'s data")
+                    bad += 1
+    return bad
+
+
 def remediation_changed(db, tenant: str, their_tokens: set[str], their_mark: str) -> int:
     """Remediation rows of `tenant` (system tables, filtered in code) decided, reset or
     changed by the other tenant's tokens, or holding its data; its audit records too."""
@@ -702,12 +737,17 @@ def matrix_on(
     else:
         url = request.getfixturevalue("pg_url")
     kms = f"file://{tmp_path / 'kek.json'}"
-    server = ServerProcess(url, tmp_path / "server.log", "--quota", "1000000", "--kms", kms)
+    objects = tmp_path / "objects"
+    server = ServerProcess(
+        url, tmp_path / "server.log", "--quota", "1000000", "--kms", kms,
+        "--objects", f"file://{objects}",
+    )  # fmt: skip
     server.start()
     server_processes.append(server)
     seed = int(os.environ.get("DENPEX_TEST_SEED", random.randrange(1 << 30)))
     started = time.monotonic()
     tally = run_matrix(server, url, kms, requests, seed)
+    tally.changed += changed_objects(objects)
     print(
         f"isolation matrix [{engine}]: {tally.requests} requests over {len(tally.by_route)} "
         f"endpoints, {tally.probes} naming the other tenant's ids: {tally.seen} responses with "

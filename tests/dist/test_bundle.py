@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.control.rgw_server import missing_binaries
 from tests.dist.bundles import (
     ROOT,
     build_bundle,
@@ -173,8 +174,15 @@ ip route show | grep -q default && { echo "a route out exists" >&2; exit 9; }
 DENPEX_INSTALL_SYSTEMD=0 bash "$BUNDLE/install.sh" --prefix "$PREFIX" --pubkey "$KEY" \
     --with-server --listen 127.0.0.1:19479 --kms "file://$PREFIX/var/kek.json"
 pid=$(cat "$PREFIX/var/server/server.pid")
-trap 'kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.1; done' EXIT
+stop_all() {
+    kill $pid; while kill -0 $pid 2>/dev/null; do sleep 0.1; done
+    # the local RGW install.sh started for the object store, when Ceph is installed
+    [[ -d "$PREFIX/var/rgw" ]] && bash "$PREFIX/current/objects/rgw-single-node.sh" stop "$PREFIX/var/rgw"
+    true
+}
+trap stop_all EXIT
 curl -sf http://127.0.0.1:19479/login >"$OUT/login.html"
+curl -sf http://127.0.0.1:19479/healthz >"$OUT/healthz.json"
 (set -a; . "$PREFIX/etc/server.env"; "$PREFIX/bin/denpex" server token --tenant t1 \
     --role operator) >"$OUT/token" 2>/dev/null
 curl -sf -H "Authorization: Bearer $(cat "$OUT/token")" http://127.0.0.1:19479/api/v1/incidents \
@@ -212,3 +220,13 @@ def test_appliance_installs_and_serves_the_control_plane_with_no_route_out(real,
     assert (out / "env-mode").read_text().strip() == "600"
     env = (tmp_path / "prefix" / "etc" / "server.env").read_text()
     assert "DENPEX_SERVER_DB='sqlite:///" in env and "DENPEX_KMS='file://" in env
+    # the object store install.sh bootstrapped: the local RGW where Ceph is installed, files else
+    objects = json.loads((out / "healthz.json").read_text())["objects"]
+    if missing_binaries():
+        assert objects == "filesystem" and "object store: the filesystem" in proc.stdout
+        assert "DENPEX_OBJECTS='file://" in env
+    else:
+        assert objects == "s3", proc.stdout
+        assert "object store: S3 on Ceph RGW at http://127.0.0.1:7480" in proc.stdout
+        assert "DENPEX_OBJECTS='s3://denpex/cp?endpoint=http://127.0.0.1:7480" in env
+        assert "AWS_SECRET_ACCESS_KEY=" in env
