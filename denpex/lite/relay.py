@@ -53,6 +53,7 @@ class RunResult:
     duration_s: float
     child_pid: int | None
     analysis_status: int | None = None  # the analyzer's exit status (finish()'s int, if any)
+    bytes_spilled: int = 0  # bytes analysis read from the spill file (it lagged behind)
 
 
 SessionFactory = Callable[[int | None], AnalysisSession]
@@ -96,7 +97,9 @@ class Relay:
         ring = self.ring
         if ring is not None and self.lossless:
             self._room(self._min, None)
-        views = ring.reserve(CHUNK, self._min) if ring is not None else None
+        # behind spilled output, a chunk follows it to the spill file (the order is kept)
+        spilling = ring is not None and ring.spilling
+        views = ring.reserve(CHUNK, self._min) if ring is not None and not spilling else None
         buf = views if views is not None else self._spare
         room = len(buf[0]) if len(buf) == 1 else len(buf[0]) + len(buf[1])
         got, ended = 0, False
@@ -119,7 +122,7 @@ class Relay:
             return 0 if ended else -1
         if views is not None:
             ring.commit(stream, got)  # type: ignore[union-attr]
-        elif ring is not None:
+        elif ring is not None and not ring.spill(stream, buf[0][:got]):
             ring.drop(got, stream, buf[0][:got])
         self.total += got
         if dest >= 0 and dest not in self.broken:
@@ -158,6 +161,7 @@ class Relay:
             deadline = time.monotonic() + 2.0
             analyzer.ring.push_tails(lambda n: self._room(n, deadline))
             result.bytes_dropped = analyzer.ring.dropped_bytes
+            result.bytes_spilled = analyzer.ring.spilled_bytes
             result.chunks_dropped = analyzer.ring.dropped_chunks
             result.analysis_status = analyzer.finish(result, stop=self.stop)
         return result

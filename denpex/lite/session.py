@@ -292,6 +292,8 @@ class LiteSession:
             "dropped_analysis_bytes": int(result.bytes_dropped),
             "relayed_bytes": int(result.bytes_total),
         }
+        if getattr(result, "bytes_spilled", 0):  # analysis lagged: it read a backlog on disk
+            stats["spilled_analysis_bytes"] = int(result.bytes_spilled)
         self.conclude(result.exit_code, result.exit_signal, stats)
 
     # -- diagnosis and reports -------------------------------------------------------------
