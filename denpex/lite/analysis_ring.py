@@ -196,6 +196,12 @@ class AnalysisRing:
     def spilled_bytes(self) -> int:
         return self._spilled
 
+    @property
+    def backlog_bytes(self) -> int:
+        """What the consumer has still to read, in the ring and in the spill (producer side)."""
+        words = self._words
+        return (self._w - words[_R]) + (self._spill_w - words[_SPILL_R])
+
     def drop(self, n: int, stream: int = 1, data: memoryview | None = None) -> None:
         """Count n bytes that analysis will not see; the next record carries the gap flag.
 

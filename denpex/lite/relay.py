@@ -28,6 +28,8 @@ from denpex.lite.spawn import Child
 CHUNK = 1 << 20  # largest read
 _MIN_RESERVE = 64 << 10  # below this much free ring space the chunk is dropped from analysis
 _DRAIN_S = END_GRACE_S + 1.0  # after ending the leftovers, how long their output is relayed
+FINISH_S = 60.0  # how long the report may take once the job ended, with no backlog
+BACKLOG_BYTES_PER_S = 5e6  # ... and a second more per this many bytes analysis has to read
 _COALESCE = 256 << 10  # a greedy (PTY) pump gathers up to this much into one write
 _IN, _OUT, _HUP = select.POLLIN, select.POLLOUT, select.POLLHUP | select.POLLERR
 
@@ -163,7 +165,9 @@ class Relay:
             result.bytes_dropped = analyzer.ring.dropped_bytes
             result.bytes_spilled = analyzer.ring.spilled_bytes
             result.chunks_dropped = analyzer.ring.dropped_chunks
-            result.analysis_status = analyzer.finish(result, stop=self.stop)
+            # the report waits on what analysis has still to read, at a slow analyzer's pace
+            timeout = FINISH_S + analyzer.ring.backlog_bytes / BACKLOG_BYTES_PER_S
+            result.analysis_status = analyzer.finish(result, timeout, stop=self.stop)
         return result
 
 

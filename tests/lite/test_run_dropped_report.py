@@ -1,7 +1,7 @@
 """`denpex run`'s text report says how much of the output analysis skipped, when it had to.
 
 A real run (run_command, the analyzer process, a real LiteSession with its catalog) with a
-64 KiB ring and no spill behind a job printing 48 MB at once: the analyzer is still loading
+64 KiB ring and no spill behind a job printing 15 MB at once: the analyzer is still loading
 its catalog while the ring overflows, so it drops, and the text report's warning must say
 how much and what share, the same number as the JSON report's stats.
 """
@@ -27,7 +27,7 @@ def factory(child_pid):
     options = ReportOptions(report_path=report, color=False)
     return LiteSession.for_run(load_catalog(), options, child_pid, None)
 job = [sys.executable, "-c", "import os; [os.write(1, b'step 1 loss 2.0 ok\\\\n' * 50000) "
-       "for _ in range(48)]"]
+       "for _ in range(16)]"]
 sys.exit(run_command(job, use_pty=False, session_factory=factory, ring_bytes=64 << 10,
                      spill_bytes=spill))
 """
@@ -54,8 +54,8 @@ def _run(tmp_path: Path, spill: int) -> tuple[str, dict]:
 def test_the_text_report_says_how_much_analysis_skipped(tmp_path: Path) -> None:
     text, stats = _run(tmp_path, spill=0)
     dropped, relayed = stats["dropped_analysis_bytes"], stats["relayed_bytes"]
-    assert relayed == 48 * 50000 * 19 and 0 < dropped < relayed
-    found = re.search(r"analysis skipped (\d+\.\d) MB of output \((\d+\.\d)% of 45\.6 MB;", text)
+    assert relayed == 16 * 50000 * 19 and 0 < dropped < relayed
+    found = re.search(r"analysis skipped (\d+\.\d) MB of output \((\d+\.\d)% of 15\.2 MB;", text)
     assert found, text[-1500:]
     assert abs(float(found.group(1)) - dropped / 1e6) <= 0.05
     assert abs(float(found.group(2)) - 100 * dropped / relayed) <= 0.05
@@ -65,5 +65,5 @@ def test_the_text_report_says_how_much_analysis_skipped(tmp_path: Path) -> None:
 def test_with_the_spill_nothing_is_skipped(tmp_path: Path) -> None:
     text, stats = _run(tmp_path, spill=1 << 30)
     assert stats["dropped_analysis_bytes"] == 0 and stats["spilled_analysis_bytes"] > 0
-    assert stats["bytes"] == stats["relayed_bytes"] == 48 * 50000 * 19
+    assert stats["bytes"] == stats["relayed_bytes"] == 16 * 50000 * 19
     assert "analysis skipped" not in text and "no failure found" in text
