@@ -8,7 +8,8 @@ Two rates per pipeline: `passthrough` (bytes / time from the first to the last b
 the final reader: what the wrapper does to a job's output) and `wall` (start of the pipeline
 to its end, including denpex's start-up, the analysis backlog and the report). Beside each
 denpex ratio, `read_fraction`: the share of the output the analysis actually read (the
-report's `dropped_analysis_bytes` is what it skipped to keep up). `--paced-mb-s` adds a job
+report's `dropped_analysis_bytes` is what it skipped to keep up; `spilled_analysis_bytes`, what
+it read late from the spill file). `--paced-mb-s` adds a job
 printing at that rate (default 200 MB/s), whose analysis must drop nothing.
 
 Runs the denpex of the interpreter that runs it (`pip install .` into a venv, as a user
@@ -152,12 +153,14 @@ def main() -> None:
     dropped: dict[str, list[int]] = {
         name: [] for name in pipelines if "denpex" in name and "no_analysis" not in name
     }
+    spilled: dict[str, list[int]] = {name: [] for name in dropped}
     for _ in range(args.runs):  # interleaved, so drift hits every pipeline alike
         for name, pipeline in pipelines.items():
             samples[name].append(timed(pipeline, out, env))
             if name in dropped:
                 stats = json.loads(report.read_text()).get("stats", {})
                 dropped[name].append(stats.get("dropped_analysis_bytes", -1))
+                spilled[name].append(stats.get("spilled_analysis_bytes", 0))
     result: dict[str, object] = {
         "size_mb": args.size_mb,
         "runs": args.runs,
@@ -177,6 +180,8 @@ def main() -> None:
             result[name]["dropped_analysis_bytes"] = lost  # type: ignore[index]
             result[name]["dropped_analysis_bytes_max"] = max(dropped[name])  # type: ignore[index]
             result[name]["read_fraction"] = round(1 - lost / runs[0]["bytes"], 4)  # type: ignore[index]
+            # what analysis read from the spill file, behind the job: the backlog it caught up on
+            result[name]["spilled_analysis_bytes"] = int(statistics.median(spilled[name]))  # type: ignore[index]
     for kind, ours_name in (
         ("pipe", "pipe_denpex"),
         ("pty", "pty_denpex"),

@@ -60,6 +60,14 @@ def add_parser(commands) -> None:
         metavar="N",
         help="the job's exit status, if known (137 = SIGKILL, 0 = success)",
     )
+    parser.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        metavar="N",
+        help="files scanned at once, one process each (default: the cores available); "
+        "the diagnosis is the same for every N",
+    )
     add_report_options(parser)
     parser.set_defaults(handler=handle)
 
@@ -114,6 +122,10 @@ def handle(args: argparse.Namespace) -> int:
         return session.tee(
             0, 1, host=args.host, rank=args.rank, exit_code=exit_code, exit_signal=exit_signal
         )
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs takes a number of processes, at least 1")
+    if "-" not in files and not args.follow:
+        return _scan_files(args, session, files, exit_code, exit_signal)
     for path in files:
         if path == "-":
             session.scan_fd("stdin", sys.stdin.fileno(), host=args.host, rank=args.rank)
@@ -128,5 +140,23 @@ def handle(args: argparse.Namespace) -> int:
                 session.scan_file(path, host=host, rank=rank)
         except OSError as exc:
             raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    diagnosis = session.conclude(exit_code, exit_signal)
+    return 1 if diagnosis.status == "failed" else 0
+
+
+def _scan_files(args, session, files: list[str], exit_code, exit_signal) -> int:
+    """Named files only: each read in a process of its own (--jobs), merged in their order."""
+    from denpex.lite.file_scan import FileInput, UnreadableFile, available_cores, scan_files
+    from denpex.lite.prefixes import hints_from_path
+
+    inputs = []
+    for path in files:
+        host, rank = hints_from_path(path)
+        rank = args.rank if args.rank is not None else rank
+        inputs.append(FileInput(path, args.host or host, rank))
+    try:
+        scan_files(session, inputs, args.jobs or available_cores())
+    except UnreadableFile as exc:
+        raise UsageError(str(exc)) from None
     diagnosis = session.conclude(exit_code, exit_signal)
     return 1 if diagnosis.status == "failed" else 0

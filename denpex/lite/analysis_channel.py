@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from denpex.lite.analysis_ring import AnalysisRing
+from denpex.lite.analysis_ring import SPILL_BYTES, AnalysisRing
 
 ANALYSIS_FAILED = 70  # analyzer exit status when the session raised
 _SLEEP_S = 0.1
@@ -48,9 +48,14 @@ class Analyzer:
         self._reaped = False
 
     @classmethod
-    def start(cls, session_factory: Callable[[int | None], Any], ring_bytes: int) -> Analyzer:
+    def start(
+        cls,
+        session_factory: Callable[[int | None], Any],
+        ring_bytes: int,
+        spill_bytes: int = SPILL_BYTES,
+    ) -> Analyzer:
         """Fork the analyzer now (call before any thread exists); it waits for begin()."""
-        ring = AnalysisRing(ring_bytes)
+        ring = AnalysisRing(ring_bytes, spill_bytes)
         ctl_r, ctl_w = os.pipe()
         parent = os.getpid()
         sys.stdout.flush()

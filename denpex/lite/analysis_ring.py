@@ -22,6 +22,15 @@ read_pos. Each position is stored with one aligned 8-byte store (x86-64 keeps st
 weakly ordered CPU the worst case is a garbled *analysis* chunk: lengths are validated).
 Wake-ups: one byte on a non-blocking pipe when the other side says it sleeps; sleepers use a
 timeout of at most 100 ms, which also covers a lost wake-up.
+
+The spill: when the ring is full (the analyzer still loading its catalog, or slower than a
+job printing hundreds of MB/s), chunks go to an unlinked temporary file instead of being
+dropped, in the same record format, and every later chunk follows them there until the
+analyzer has read the file up to where the relay wrote it; the analyzer reads the ring
+first, then the file, so the order of the output is kept. Only past the spill's budget
+(SPILL_BYTES a run) is analysis data dropped. The relay writes the file with one pwrite per
+chunk (page cache), never waits for it; spill_w (producer line) and spill_r (consumer line)
+are byte offsets in it.
 """
 
 from __future__ import annotations
@@ -31,17 +40,19 @@ import mmap
 import os
 import select
 import struct
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 GAP = 1  # record flag: analysis data was dropped just before this record
 TAIL_BYTES = 64 << 10  # per stream: newest dropped bytes handed to analysis after the run
+SPILL_BYTES = 2 << 30  # a run's budget of output spilled to disk for a lagging analyzer
 
 _REC = struct.Struct("=IBBxxq")
 # Header words, as indexes into a memoryview cast to "Q": an item is read or written with one
 # aligned 8-byte access. (Never struct.pack_into here: it zeroes the field before writing it.)
-_W, _PRODUCED, _DROPPED, _DROPPED_CHUNKS, _DONE, _PWAIT = range(6)  # the producer's cache line
-_R, _CSLEEP = 8, 9  # the consumer's cache line
+_W, _PRODUCED, _DROPPED, _DROPPED_CHUNKS, _DONE, _PWAIT, _SPILL_W, _SPILLED = range(8)
+_R, _CSLEEP, _SPILL_R = 8, 9, 10  # the consumer's cache line
 _DATA = 128
 _HDR = _REC.size
 
@@ -93,8 +104,13 @@ class _Tail:
 class AnalysisRing:
     """Single-producer/single-consumer byte ring in an anonymous shared mapping."""
 
-    def __init__(self, capacity: int = 8 << 20) -> None:
+    def __init__(self, capacity: int = 8 << 20, spill_bytes: int = SPILL_BYTES) -> None:
         self.capacity = max(4096, capacity - capacity % _HDR)
+        self.spill_bytes = spill_bytes
+        self._spill_fd = _spill_file() if spill_bytes > 0 else -1
+        self._spill_w = 0  # producer-private copy of spill_w
+        self._spill_r = 0  # consumer-private copy of spill_r
+        self._spilled = 0
         self._mm = mmap.mmap(-1, _DATA + self.capacity)  # MAP_SHARED | MAP_ANONYMOUS
         self._mv = memoryview(self._mm)
         self._data = self._mv[_DATA:]
@@ -140,6 +156,52 @@ class AnalysisRing:
         if words[_CSLEEP]:
             _poke(self._notify_w)
 
+    @property
+    def spilling(self) -> bool:
+        """Output spilled earlier is still unread: the next chunk must follow it there."""
+        return self._spill_w != self._words[_SPILL_R]
+
+    def spill(
+        self, stream: int, data: memoryview, arrival_ns: int | None = None, force: bool = False
+    ) -> bool:
+        """Append a chunk to the spill file; False (nothing written) when there is none, it
+        is over its budget (unless `force`: the last words after a run) or a write failed."""
+        n = len(data)
+        if self._spill_fd < 0 or (not force and self._spill_w + _HDR + n > self.spill_bytes):
+            return False
+        flags = GAP if self._gap else 0
+        arrival = time.time_ns() if arrival_ns is None else arrival_ns
+        try:
+            written = os.pwritev(
+                self._spill_fd, [_REC.pack(n, stream, flags, arrival), data], self._spill_w
+            )
+        except OSError:
+            written = -1
+        if written != _HDR + n:
+            return False
+        self._gap = False
+        if self._tails and stream in self._tails:
+            self._tails[stream].pos = self._tails[stream].filled = 0
+        self._spill_w += written
+        self._spilled += n
+        self._produced += n
+        words = self._words
+        words[_PRODUCED], words[_SPILLED] = self._produced, self._spilled
+        words[_SPILL_W] = self._spill_w
+        if words[_CSLEEP]:
+            _poke(self._notify_w)
+        return True
+
+    @property
+    def spilled_bytes(self) -> int:
+        return self._spilled
+
+    @property
+    def backlog_bytes(self) -> int:
+        """What the consumer has still to read, in the ring and in the spill (producer side)."""
+        words = self._words
+        return (self._w - words[_R]) + (self._spill_w - words[_SPILL_R])
+
     def drop(self, n: int, stream: int = 1, data: memoryview | None = None) -> None:
         """Count n bytes that analysis will not see; the next record carries the gap flag.
 
@@ -161,7 +223,14 @@ class AnalysisRing:
         for stream, tail in self._tails.items():
             data = tail.take()[-(self.capacity // 4) :]
             arrival = tail.arrival_ns
-            if data and room(len(data)) and self.push(stream, data, gap=True, arrival_ns=arrival):
+            if not data:
+                continue
+            if self.spilling:  # behind unread spilled output, never ahead of it
+                self._gap = True
+                pushed = self.spill(stream, memoryview(data), arrival, force=True)
+            else:
+                pushed = room(len(data)) and self.push(stream, data, gap=True, arrival_ns=arrival)
+            if pushed:
                 self._produced -= len(data)  # counted once already, as dropped
                 self._dropped -= len(data)
         self._publish_stats()
@@ -235,11 +304,12 @@ class AnalysisRing:
         return words[_PRODUCED], words[_DROPPED], words[_DROPPED_CHUNKS]
 
     def pop(self) -> tuple[int, bytes, bool, int] | None:
-        """Next record as (stream, payload, gap, arrival ns), or None when it is empty."""
+        """Next record as (stream, payload, gap, arrival ns), or None when it is empty; the
+        ring's records come before the spill's (the relay spills only behind them)."""
         w = self._words[_W]
         r = self._r
         if r == w:
-            return None
+            return self._pop_spilled()
         cap = self.capacity
         off = r % cap
         n, stream, flags, arrival_ns = _REC.unpack_from(self._mm, _DATA + off)
@@ -255,9 +325,28 @@ class AnalysisRing:
         self._release(r + size)
         return stream, data, bool(flags & GAP), arrival_ns
 
+    def _pop_spilled(self) -> tuple[int, bytes, bool, int] | None:
+        w, r = self._words[_SPILL_W], self._spill_r
+        if r == w or self._spill_fd < 0:
+            return None
+        header = os.pread(self._spill_fd, _HDR, r)
+        if len(header) != _HDR:
+            raise RingCorrupt(f"spill record header at {r} cut short")
+        n, stream, flags, arrival_ns = _REC.unpack(header)
+        if _HDR + n > w - r:
+            raise RingCorrupt(f"spilled record of {n} bytes at {r} with {w - r} written")
+        data = os.pread(self._spill_fd, n, r + _HDR)
+        if len(data) != n:
+            raise RingCorrupt(f"spilled record at {r} cut short")
+        self._spill_r = r + _HDR + n
+        self._words[_SPILL_R] = self._spill_r
+        return stream, data, bool(flags & GAP), arrival_ns
+
     def discard_all(self) -> None:
         """Skip everything published so far (used once analysis has failed)."""
         self._release(self._words[_W])
+        self._spill_r = self._words[_SPILL_W]
+        self._words[_SPILL_R] = self._spill_r
 
     def _release(self, r: int) -> None:
         self._r = r
@@ -272,7 +361,7 @@ class AnalysisRing:
         words = self._words
         words[_CSLEEP] = 1
         try:
-            if words[_W] != self._r:
+            if words[_W] != self._r or words[_SPILL_W] != self._spill_r:
                 return []
             ready, _, _ = select.select([self._notify_r, *extra_fds], [], [], timeout)
         finally:
@@ -286,6 +375,22 @@ class AnalysisRing:
             self._data.release()
             self._mv.release()
             self._mm.close()
-        for fd in (self._notify_r, self._notify_w, self._space_r, self._space_w):
+        for fd in (self._notify_r, self._notify_w, self._space_r, self._space_w, self._spill_fd):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
+        self._spill_fd = -1
+
+
+def _spill_file() -> int:
+    """An unlinked file in the temporary directory for spilled output, or -1 (none: a full
+    ring drops, as it would without one)."""
+    try:
+        return os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (OSError, AttributeError):
+        pass
+    try:
+        with tempfile.TemporaryFile(prefix="denpex-spill-") as handle:
+            return os.dup(handle.fileno())
+    except OSError:
+        return -1

@@ -89,6 +89,10 @@ class ProcessTable:
             infos = [i for i in infos if i.host in (host, None)]
         return infos[0] if len(infos) == 1 else None
 
+    def infos(self) -> list[ProcessInfo]:
+        """Every process noted, in the order first noted."""
+        return [info for infos in self._by_pid.values() for info in infos]
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_pid.values())
 

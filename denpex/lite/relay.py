@@ -28,6 +28,8 @@ from denpex.lite.spawn import Child
 CHUNK = 1 << 20  # largest read
 _MIN_RESERVE = 64 << 10  # below this much free ring space the chunk is dropped from analysis
 _DRAIN_S = END_GRACE_S + 1.0  # after ending the leftovers, how long their output is relayed
+FINISH_S = 60.0  # how long the report may take once the job ended, with no backlog
+BACKLOG_BYTES_PER_S = 5e6  # ... and a second more per this many bytes analysis has to read
 _COALESCE = 256 << 10  # a greedy (PTY) pump gathers up to this much into one write
 _IN, _OUT, _HUP = select.POLLIN, select.POLLOUT, select.POLLHUP | select.POLLERR
 
@@ -53,6 +55,7 @@ class RunResult:
     duration_s: float
     child_pid: int | None
     analysis_status: int | None = None  # the analyzer's exit status (finish()'s int, if any)
+    bytes_spilled: int = 0  # bytes analysis read from the spill file (it lagged behind)
 
 
 SessionFactory = Callable[[int | None], AnalysisSession]
@@ -96,7 +99,9 @@ class Relay:
         ring = self.ring
         if ring is not None and self.lossless:
             self._room(self._min, None)
-        views = ring.reserve(CHUNK, self._min) if ring is not None else None
+        # behind spilled output, a chunk follows it to the spill file (the order is kept)
+        spilling = ring is not None and ring.spilling
+        views = ring.reserve(CHUNK, self._min) if ring is not None and not spilling else None
         buf = views if views is not None else self._spare
         room = len(buf[0]) if len(buf) == 1 else len(buf[0]) + len(buf[1])
         got, ended = 0, False
@@ -119,7 +124,7 @@ class Relay:
             return 0 if ended else -1
         if views is not None:
             ring.commit(stream, got)  # type: ignore[union-attr]
-        elif ring is not None:
+        elif ring is not None and not ring.spill(stream, buf[0][:got]):
             ring.drop(got, stream, buf[0][:got])
         self.total += got
         if dest >= 0 and dest not in self.broken:
@@ -158,8 +163,11 @@ class Relay:
             deadline = time.monotonic() + 2.0
             analyzer.ring.push_tails(lambda n: self._room(n, deadline))
             result.bytes_dropped = analyzer.ring.dropped_bytes
+            result.bytes_spilled = analyzer.ring.spilled_bytes
             result.chunks_dropped = analyzer.ring.dropped_chunks
-            result.analysis_status = analyzer.finish(result, stop=self.stop)
+            # the report waits on what analysis has still to read, at a slow analyzer's pace
+            timeout = FINISH_S + analyzer.ring.backlog_bytes / BACKLOG_BYTES_PER_S
+            result.analysis_status = analyzer.finish(result, timeout, stop=self.stop)
         return result
 
 

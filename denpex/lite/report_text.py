@@ -386,9 +386,15 @@ def _render_timeline(out: _Lines, diag: dict[str, Any]) -> None:
 def _render_dropped(out: _Lines, stats: object) -> None:
     dropped = _int(stats.get("dropped_analysis_bytes")) if isinstance(stats, dict) else 0
     if dropped:
+        relayed = _int(stats.get("relayed_bytes")) if isinstance(stats, dict) else 0
+        share = (
+            f" ({dropped / relayed:.1%} of {format_bytes(relayed)}; it read the rest)"
+            if relayed >= dropped > 0
+            else ""
+        )
         why = (
-            f"analysis skipped {format_bytes(dropped)} of output because it could not keep up, "
-            "so evidence may be missing; the output itself was not affected."
+            f"analysis skipped {format_bytes(dropped)} of output{share} because it could not "
+            "keep up, so evidence may be missing; the output itself was not affected."
         )
         out.para(("warning: ", "warn"), (why, ""), indent=0, hang=2)
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 
 from denpex.lite.analysis_channel import Analyzer
+from denpex.lite.analysis_ring import SPILL_BYTES
 from denpex.lite.child_env import child_environ
 from denpex.lite.job_signals import JobSignals
 from denpex.lite.job_supervisor import LINGER_S
@@ -38,12 +39,15 @@ def run_command(
     use_pty: bool | None = None,
     session_factory: SessionFactory | None = None,
     ring_bytes: int = 8 << 20,
+    spill_bytes: int = SPILL_BYTES,
     extra_env: Mapping[str, str] | None = None,
     linger: float = LINGER_S,
 ) -> int:
     """Run argv transparently (PTY iff our stdout is a TTY, unless forced); the exit status.
 
     extra_env: variables added to the child's environment (the SDK socket's address).
+    spill_bytes: how much output may wait on disk for a lagging analyzer (0: none, a full
+    ring drops).
     linger: after the child exits, how long its output may stay silent while descendants
     still hold it open, before they are ended (relay_child)."""
     if not argv:
@@ -53,7 +57,7 @@ def run_command(
     env = child_environ(extra=extra_env)
     stdin_ok = fd_valid(0)
     placeholders = hold_std_fds()  # a closed 0/1/2 must not be reused by our own pipes
-    analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None
+    analyzer = Analyzer.start(session_factory, ring_bytes, spill_bytes) if session_factory else None
     raw = RawStdin(use_pty)
     finished = False
     child: Child | None = None

@@ -14,7 +14,7 @@ is the runner's job, reporting the session's.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import denpex._native as native
@@ -36,17 +36,22 @@ _LOOKBACK_FOR_TIME = 40
 _NCCL_COMM = re.compile(
     rb" rank (\d{1,6}) nranks \d{1,6} cudaDev (\d{1,3}) (?:nvmlDev \d{1,3} )?busId ([0-9a-fA-F]{1,12})"
 )
-# NCCL's own line prefix "node7:4100:4100 [3] NCCL INFO …" names the host that printed it
-_NCCL_LINE_HOST = re.compile(
-    rb"(?:^|[ :\]])([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1,10} \[\d{1,3}\] ", re.MULTILINE
-)
+# NCCL's own line prefix "node7:4100:4100 [3] NCCL INFO …" names the host that printed it:
+# found by its ":pid:tid [dev] " part, which starts with a literal (the engine skips to each
+# ':'; a pattern led by the host's character class is tried at every byte, 20× slower), the
+# host then read back from there
+_NCCL_PID_TID = re.compile(rb":\d{1,10}:\d{1,10} \[\d{1,3}\] ")
+_HOST_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_HOST_MAX = 63
 _NCCL_HOST_AT_START = re.compile(rb"([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1,10} \[\d{1,3}\] ")
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
 )
 # the words whose lines the learners read (and that say whether a batch holds SDK lines),
-# found in one native pass over each batch: a bytes.find per word would be a pass each
-_WORDS = (*TRIGGER_WORDS, b"busId", b" NCCL ", b"srun: error: ", STDERR_PREFIX)
+# found in one native pass over each batch: a bytes.find per word would be a pass each.
+# Not " NCCL ": only whether a batch holds one matters, and on a chatty job it is on so many
+# lines that listing them cost more than the catalog's whole pass (`in` stops at the first)
+_WORDS = (*TRIGGER_WORDS, b"busId", b"srun: error: ", STDERR_PREFIX)
 # captures that name the process a line is about ("Killed process 42431", "pid: 42431")
 _PID_CAPTURES = ("pid", "pid_table", "pid2", "worker_pid")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
@@ -83,6 +88,47 @@ class StreamState:
     partial: bool = False  # a line has begun and not yet ended
     partial_line: int = 1  # the line number of that line
     partial_ns: int | None = None  # when its first byte arrived (live streams)
+
+
+class ClosedLines:
+    """The splitter of a stream that was scanned to its end elsewhere (another process) and
+    closed there: what its lines lost to the cap; it holds no partial line."""
+
+    __slots__ = ("discarded_bytes", "truncated_bytes")
+
+    def __init__(self, truncated_bytes: int = 0, discarded_bytes: int = 0) -> None:
+        self.truncated_bytes = truncated_bytes
+        self.discarded_bytes = discarded_bytes
+
+    def feed(self, data: bytes) -> Any:
+        raise ValueError("this stream was closed: nothing more can be fed to it")
+
+    def flush(self) -> list[bytes]:
+        return []
+
+    def reset(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class ScanPart:
+    """What a Scanner found in streams it read to their end, handed to another Scanner
+    (`Scanner.part` → `Scanner.absorb`): `denpex scan` reads each file in its own process."""
+
+    evidence: list[Evidence]
+    streams: list[StreamState]
+    seq: int
+    bytes: int
+    lines: int
+    matches: int
+    evidence_dropped: int
+    facts: JobFacts
+    rank_of_gpu: dict[tuple[str | None, int], int]
+    rank_of_device: dict[tuple[str | None, int], int]
+    sdk_messages: int
+    sdk_bad_lines: int
+    sdk_dropped: dict[tuple[str | None, int | None], int]
+    coverage_lost: list[dict[str, Any]]
 
 
 class Scanner:
@@ -271,9 +317,8 @@ class Scanner:
         """Learns who is who from the lines (`joined`: them joined by b"\\n"; `found`: the
         lines holding each of _WORDS)."""
         learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq, found)
-        if found[b" NCCL "] and len(state.nccl_hosts) < 2:
-            for named in _NCCL_LINE_HOST.finditer(joined):
-                state.nccl_hosts.add(named.group(1).decode())
+        if len(state.nccl_hosts) < 2 and b" NCCL " in joined:
+            _nccl_hosts(joined, state.nccl_hosts, 2)
         if found[b"busId"]:
             for index in found[b"busId"]:
                 line = lines[index]
@@ -490,6 +535,89 @@ class Scanner:
                 event.attrs["rank_from_pid"] = info.pid
             event.host = event.host or info.host
 
+    # -- scanning apart, then together --------------------------------------------------
+    def part(self) -> ScanPart:
+        """Close every stream (their series judged too) and hand over all that was found."""
+        self.close_all()
+        streams = [
+            replace(
+                state,
+                splitter=ClosedLines(
+                    state.splitter.truncated_bytes, state.splitter.discarded_bytes
+                ),
+            )
+            for state in self.streams.values()
+        ]
+        return ScanPart(
+            self.evidence,
+            streams,
+            self._seq,
+            self.bytes,
+            self.lines,
+            self.matches,
+            self.evidence_dropped,
+            self.facts,
+            self.rank_of_gpu,
+            self.rank_of_device,
+            self.sdk_messages,
+            self.sdk_bad_lines,
+            self.sdk_dropped,
+            self.coverage_lost,
+        )
+
+    def absorb(self, part: ScanPart) -> None:
+        """Take what another scanner found as if its streams had been fed here after this
+        one's: its lines numbered on from this scanner's, its evidence renumbered, an SDK
+        message already taken ignored, the evidence cap shared, its facts added to these
+        (a rank's host: the first stated; a process: noted again)."""
+        offset = self._seq
+        self._seq += part.seq
+        self.bytes += part.bytes
+        self.lines += part.lines
+        self.matches += part.matches
+        self.evidence_dropped += part.evidence_dropped
+        for state in part.streams:
+            known = self.streams.get(state.name)
+            if known is not None and isinstance(known.splitter, ClosedLines):
+                known.splitter.truncated_bytes += state.splitter.truncated_bytes
+                known.nccl_hosts.update(state.nccl_hosts)
+                for host, count in state.hosts_seen.items():
+                    known.hosts_seen[host] = known.hosts_seen.get(host, 0) + count
+            else:
+                self.streams[state.name] = state
+        for item in part.evidence:
+            sdk_id = item.event.attrs.get("sdk_id")
+            if sdk_id is not None:
+                if sdk_id in self._sdk_ids:
+                    self.matches -= 1
+                    continue
+                self._sdk_ids.add(sdk_id)
+            if item.event.seq is not None:
+                item.event.seq += offset
+            if len(self.evidence) >= MAX_EVIDENCE:
+                self.evidence_dropped += 1
+                continue
+            item.id = f"e{len(self.evidence) + 1}"
+            self.evidence.append(item)
+        self.rank_of_gpu.update(part.rank_of_gpu)
+        self.rank_of_device.update(part.rank_of_device)
+        facts = part.facts
+        for info in facts.processes.infos():
+            self.facts.processes.note(
+                info.pid, rank=info.rank, local_rank=info.local_rank, host=info.host
+            )
+        if facts.world_size is not None:
+            self.facts.world_size = max(facts.world_size, self.facts.world_size or 0)
+        for rank, host in facts.host_of_rank.items():
+            self.host_of_rank.setdefault(rank, host)
+        self.sdk_messages += part.sdk_messages
+        self.sdk_bad_lines += part.sdk_bad_lines
+        self.sdk_dropped.update(part.sdk_dropped)
+        for lost in part.coverage_lost:
+            key = (lost["check"], lost["host"], lost["rank"])
+            if all((c["check"], c["host"], c["rank"]) != key for c in self.coverage_lost):
+                self.coverage_lost.append(lost)
+
     def stats(self) -> dict[str, int]:
         stats = {
             "bytes": self.bytes,
@@ -535,6 +663,23 @@ def _host_of(line: bytes, parsed_at, index: int) -> str | None:
     without parsing the whole line."""
     found = _NCCL_HOST_AT_START.match(line)
     return found.group(1).decode() if found else parsed_at(index).host
+
+
+def _nccl_hosts(joined: bytes, hosts: set[str], limit: int) -> None:
+    """Add the hosts NCCL's line prefixes name in `joined` to `hosts` until it holds `limit`
+    (one host or several is all the scanner asks): a host starts with a letter, holds at
+    most 63 of [A-Za-z0-9_.-] and follows a line start, ' ', ':' or ']'."""
+    for found in _NCCL_PID_TID.finditer(joined):
+        end = begin = found.start()
+        while begin > 0 and joined[begin - 1] in _HOST_CHARS and end - begin <= _HOST_MAX:
+            begin -= 1
+        if begin == end or end - begin > _HOST_MAX or not chr(joined[begin]).isalpha():
+            continue
+        if begin > 0 and joined[begin - 1] not in b" :]\n":
+            continue
+        hosts.add(joined[begin:end].decode())
+        if len(hosts) >= limit:
+            return
 
 
 def _rank_list(text: str) -> list[int]:

@@ -27,7 +27,7 @@ from denpex.lite.hostwatch import RunHostWatch
 from denpex.lite.job_watch import JobWatch
 from denpex.lite.run_facts import run_facts, start_board_lookup
 from denpex.lite.scan_input import InputNotes, LongLineTails, follow, read_all
-from denpex.lite.scanner import LINE_CAP, Scanner
+from denpex.lite.scanner import LINE_CAP, Scanner, ScanPart
 from denpex.lite.sdk_channel import SdkListener
 
 log = logging.getLogger("denpex.lite.session")
@@ -55,6 +55,15 @@ class ReportOptions:
     command: tuple[str, ...] = ()  # the wrapped command (`denpex run`): the workload's name
     # past incidents for the retrieval block: (query, vector, k) → hits (the control plane)
     incidents: Callable[[str, Any, int], Sequence[Hit]] | None = None
+
+
+@dataclass(slots=True)
+class SessionPart:
+    """What a session read of its inputs, each closed (LiteSession.part → absorb)."""
+
+    scan: ScanPart
+    inputs: InputNotes
+    tails: list[LongLineTails]
 
 
 class LiteSession:
@@ -148,6 +157,22 @@ class LiteSession:
         self.scanner.stream(path, host=host, rank=rank)
         with open(path, "rb") as handle:
             read_all(path, handle, lambda chunk: self._scan(path, chunk), self.inputs)
+
+    def part(self) -> SessionPart:
+        """Everything this session read, each stream read to its end and closed (the ends of
+        its long lines scanned, its series judged), for another session to absorb."""
+        for name, tails in self._tails.items():
+            self._scan_tails(name, tails.flush())
+        return SessionPart(self.scanner.part(), self.inputs, list(self._tails.values()))
+
+    def absorb(self, part: SessionPart) -> None:
+        """Take what another session read, as if it had been read here after what was."""
+        self.scanner.absorb(part.scan)
+        self.inputs.empty.extend(part.inputs.empty)
+        self.inputs.binary.extend(part.inputs.binary)
+        self.inputs.total_bytes += part.inputs.total_bytes
+        for tails in part.tails:  # flushed: counted at the end, never fed again
+            self._tails[f"{len(self._tails)} (absorbed)"] = tails
 
     def scan_fd(
         self, name: str, fd: int, *, host: str | None = None, rank: int | None = None
@@ -274,6 +299,8 @@ class LiteSession:
             "dropped_analysis_bytes": int(result.bytes_dropped),
             "relayed_bytes": int(result.bytes_total),
         }
+        if getattr(result, "bytes_spilled", 0):  # analysis lagged: it read a backlog on disk
+            stats["spilled_analysis_bytes"] = int(result.bytes_spilled)
         self.conclude(result.exit_code, result.exit_signal, stats)
 
     # -- diagnosis and reports -------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import re
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -68,21 +68,30 @@ class LineSampler:
         self._positions: dict[str, _Position] = {}
         self._nonfinite = native.load("matcher").Matcher([NONFINITE_PATTERN])
 
-    def lines_to_read(self, log: str, joined: bytes) -> list[int]:
+    def lines_to_read(
+        self, log: str, joined: bytes, line_at: Callable[[int], int] | None = None
+    ) -> list[int]:
+        """`line_at` (a native batch's: the line holding a byte offset) saves counting the
+        newlines before each sampled line, a pass over the batch."""
         position = self._positions.setdefault(log, _Position())
-        chosen = set(self._sampled(position, joined))
+        chosen = set(self._sampled(position, joined, line_at))
         chosen.update(index for index, _ in self._nonfinite.scan(joined))
         position.offset += len(joined) + 1
         return sorted(chosen)
 
-    def _sampled(self, position: _Position, joined: bytes) -> Iterator[int]:
+    def _sampled(
+        self, position: _Position, joined: bytes, line_at: Callable[[int], int] | None
+    ) -> Iterator[int]:
         """The sampled lines holding a literal, each the first after the previous one's gap."""
         resume = max(0, position.next_at - position.offset)
         index, counted_to = 0, 0  # the line number of byte `counted_to`
         while (hit := _LITERAL.search(joined, resume)) is not None:
             at = hit.start()
-            index += joined.count(b"\n", counted_to, at)
-            counted_to = at
+            if line_at is not None:
+                index = line_at(at)
+            else:
+                index += joined.count(b"\n", counted_to, at)
+                counted_to = at
             yield index
             position.sampled += 1
             end = joined.find(b"\n", at)

@@ -178,6 +178,9 @@ def test_dropped_analysis_bytes_are_reported_plainly() -> None:
         assert "analysis skipped 3.4 MB of output because it could not keep up" in text
         assert "the output itself was not affected" in text
     assert "skipped" not in render_text(diagnosis(), color=False)
+    stats = {**ALL["dropped"]()["stats"], "relayed_bytes": 340_000_000}
+    text = " ".join(render_text({**ok_diagnosis(), "stats": stats}, color=False).split())
+    assert "analysis skipped 3.4 MB of output (1.0% of 340.0 MB; it read the rest)" in text
 
 
 def test_hostile_line_is_cleaned_but_its_text_kept() -> None:

@@ -44,8 +44,11 @@ def sha(data: bytes) -> str:
 
 
 def launch(mode: str, cmd: list[str], *, session: str = "none", out: Path | None = None,
-           ring: int | None = None, delay: float = 0.0) -> list[str]:  # fmt: skip
+           ring: int | None = None, delay: float = 0.0,
+           spill: int | None = None) -> list[str]:  # fmt: skip
     args = [*LAUNCH, mode, "--session", session]
+    if spill is not None:
+        args += ["--spill", str(spill)]
     if out is not None:
         args += ["--out", str(out)]
     if ring is not None:
@@ -352,7 +355,7 @@ def test_slow_analysis_never_slows_or_alters_output(tmp_path: Path) -> None:
     report, timing = tmp_path / "a.json", tmp_path / "t"
     n = 32 << 20
     proc = run(launch("pipe", [*CHILD, "timed-writer", str(n), str(timing)], session="count",
-                      out=report, ring=256 << 10, delay=0.05))  # fmt: skip
+                      out=report, ring=256 << 10, delay=0.05, spill=0))  # fmt: skip
     assert proc.returncode == 0
     assert proc.stdout == b"0123456789abcdef" * (n // 16) + b"tail\n"
     assert float(timing.read_text()) < 3.0  # 32 MiB at 64 KiB per 50 ms would take 25 s
@@ -363,10 +366,30 @@ def test_slow_analysis_never_slows_or_alters_output(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", ["pipe", "pty"])
+def test_a_lagging_analysis_reads_every_byte_from_the_spill(tmp_path: Path, mode: str) -> None:
+    """The ring holds 256 KiB, the analyzer takes 20 ms a chunk: the relay does not wait for
+    it, the backlog waits on disk, and analysis reads all of it, in order, without a gap."""
+    report, timing = tmp_path / "a.json", tmp_path / "t"
+    n = 32 << 20
+    proc = run(launch(mode, [*CHILD, "timed-writer", str(n), str(timing)], session="count",
+                      out=report, ring=256 << 10, delay=0.02))  # fmt: skip
+    assert proc.returncode == 0
+    if mode == "pipe":
+        assert proc.stdout == b"0123456789abcdef" * (n // 16) + b"tail\n"
+    doc = json.loads(report.read_text())
+    res = doc["result"]
+    assert res["bytes_dropped"] == 0 and res["chunks_dropped"] == 0 and doc["gaps"] == 0
+    # the relay spills instead of waiting: bytes in the spill are bytes it did not wait for
+    assert 0 < res["bytes_spilled"] < res["bytes_total"] == doc["bytes"]["1"]
+    if mode == "pipe":
+        assert doc["last"].endswith("tail\n") and doc["sha"]["1"] == sha(proc.stdout)
+
+
+@pytest.mark.parametrize("mode", ["pipe", "pty"])
 def test_analysis_gets_the_last_words_even_when_behind(tmp_path: Path, mode: str) -> None:
     report, n = tmp_path / "a.json", 16 << 20
     proc = run(launch(mode, [*CHILD, "burst", str(n)], session="count", out=report,
-                      ring=256 << 10, delay=0.02))  # fmt: skip
+                      ring=256 << 10, delay=0.02, spill=0))  # fmt: skip
     assert proc.returncode == 3
     if mode == "pipe":
         assert proc.stdout == b"0123456789abcdef" * (n // 16) + b"FINAL-MARKER\n"

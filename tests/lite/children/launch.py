@@ -1,6 +1,6 @@
 """Test launcher standing in for `denpex run` / `denpex scan --tee`: calls the runner directly.
 
-Usage: launch.py MODE [--session KIND] [--out FILE] [--ring BYTES] [--delay S] [--linger S]
+Usage: launch.py MODE [--session KIND] [--out FILE] [--ring BYTES] [--spill BYTES] [--delay S] [--linger S]
                  [-- CMD ...]
 MODE is pipe, pty, auto (run_command), tee or scan (tee_stream to stdout / to nowhere).
 It must never print anything of its own to stdout: the tests compare stdout byte for byte.
@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 
+from denpex.lite.analysis_ring import SPILL_BYTES
 from denpex.lite.runner import RunResult, run_command, tee_stream
 
 
@@ -79,6 +80,7 @@ def main() -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--ring", type=int, default=8 << 20)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--spill", type=int, default=SPILL_BYTES)
     parser.add_argument("--linger", type=float, default=None)
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
@@ -99,7 +101,12 @@ def main() -> int:
     use_pty = {"pipe": False, "pty": True, "auto": None}[args.mode]
     linger = {} if args.linger is None else {"linger": args.linger}
     return run_command(
-        cmd, use_pty=use_pty, session_factory=session_factory, ring_bytes=args.ring, **linger
+        cmd,
+        use_pty=use_pty,
+        session_factory=session_factory,
+        ring_bytes=args.ring,
+        spill_bytes=args.spill,
+        **linger,
     )
 
 
