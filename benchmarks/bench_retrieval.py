@@ -3,10 +3,13 @@ cause's own entry, for the embedding index and for a BM25 baseline (SQLite FTS5)
 queries, and where sqlite-vec overtakes numpy brute force as the index grows.
 
 Each failed log of tests/corpus (synthetic) and tests/corpus/real is diagnosed as `denpex scan`
-would; the query is what the retrieval block searches with (the raw lines of the cause's
-evidence). A hit is a top-3 entry of the labelled category (`category`); `own` asks more:
-the entry of the very signature the diagnosis named, counted on the logs it diagnosed right.
-Target (issue 19): category recall@3 >= 0.90 for the embeddings. Prints JSON.
+would; the query is what the retrieval block searches with (the distinct raw lines of the
+cause's evidence; the embeddings take one vector a line and the best line, BM25 the lines
+together; both see the texts `normalise` leaves). A hit is a top-3 entry of the labelled
+category (`category`); `own` asks more: the entry of the very signature the diagnosis named,
+counted on the logs it diagnosed right. The real logs are scored as their two splits (`dev`,
+which retrieval was tuned on with the synthetic logs, and `holdout`, which it never was).
+Target (issue 19): category recall@3 >= 0.90 for the embeddings, and above BM25's. Prints JSON.
 Usage: python benchmarks/bench_retrieval.py [--k 3] [--no-crossover] [--sizes 1000,10000]
 """
 
@@ -25,16 +28,19 @@ from denpex.retrieval.block import query_text
 from denpex.retrieval.bm25 import Bm25Index
 from denpex.retrieval.embedding import Embedder
 from denpex.retrieval.fusion import DEPTH, fuse
+from denpex.retrieval.index import query_vectors
 from denpex.retrieval.runbook import runbook_index
 from tests.test_corpus import REAL_PART, SYNTHETIC, diagnose_file
 
 TARGET = 0.90
 
 
-def cases(part) -> list[tuple[dict, dict]]:
+def cases(part, split: str | None = None) -> list[tuple[dict, dict]]:
     out = []
     for entry in part.labels:
         if entry.get("status", "failed") != "failed" or entry["category"] == "unknown":
+            continue
+        if split is not None and entry.get("split") != split:
             continue
         out.append((entry, diagnose_file(part.folder, entry)))
     return out
@@ -43,7 +49,7 @@ def cases(part) -> list[tuple[dict, dict]]:
 def score_part(name: str, items, index, bm25, embedder, k: int) -> dict:
     queries = [query_text(diag) for _, diag in items]
     started = time.perf_counter()
-    vectors = embedder.encode(queries)
+    vectors = [query_vectors(embedder, q) for q in queries]
     embed_s = time.perf_counter() - started
     totals = {"embedding": [0, 0, 0], "bm25": [0, 0, 0], "hybrid": [0, 0, 0]}
     own_total = 0
@@ -65,7 +71,7 @@ def score_part(name: str, items, index, bm25, embedder, k: int) -> dict:
             totals[ranker][1] += bool(right) and f"runbook:{signature}" in {
                 h.passage.id for h in hits
             }
-            if ranker == "embedding" and want not in cats:
+            if ranker == "embedding" and want not in cats and "real" not in name:
                 misses.append(f"{entry['file']}: want {want}, got {cats}")
     n = len(items)
     result = {"part": name, "queries": n, "own_entry_queries": own_total}
@@ -158,15 +164,21 @@ def main() -> int:
     index = runbook_index(catalog, embedder, site_dirs=[])
     bm25 = Bm25Index(index.passages)
     parts = [
-        score_part(p.name, cases(p), index, bm25, embedder, args.k) for p in (SYNTHETIC, REAL_PART)
+        score_part(name, items, index, bm25, embedder, args.k)
+        for name, items in (
+            ("synthetic", cases(SYNTHETIC)),
+            ("real", cases(REAL_PART)),
+            ("real dev", cases(REAL_PART, "dev")),
+            ("real holdout", cases(REAL_PART, "holdout")),
+        )
     ]
     out: dict = {"runbook_passages": len(index), "k": args.k, "parts": parts}
     key = f"category_recall_at_{args.k}"
     out["target"] = {
         "embedding_category_recall": TARGET,
-        "met": all(p["embedding"][key] >= TARGET for p in parts),
-        "embedding_beats_bm25": all(p["embedding"][key] >= p["bm25"][key] for p in parts),
-        "hybrid_met": all(p["hybrid"][key] >= TARGET for p in parts),
+        "met": all(p["embedding"][key] >= TARGET for p in parts[:2]),
+        "embedding_beats_bm25": {p["part"]: p["embedding"][key] > p["bm25"][key] for p in parts},
+        "hybrid_met": all(p["hybrid"][key] >= TARGET for p in parts[:2]),
     }
     if not args.no_crossover:
         out["crossover"] = crossover([int(s) for s in args.sizes.split(",")])
