@@ -10,7 +10,11 @@ category (`category`); `own` asks more: the entry of the very signature the diag
 counted on the logs it diagnosed right. The real logs are scored as their two splits (`dev`,
 which retrieval was tuned on with the synthetic logs, and `holdout`, which it never was).
 Target (issue 19): category recall@3 >= 0.90 for the embeddings, and above BM25's. Prints JSON.
+The PostgreSQL crossover (`--pg-sizes`) runs on pgserver's PostgreSQL 16 + pgvector in a
+temporary folder: pgvector's exact `<=>` scan against numpy over the bytea vectors read out
+of PostgreSQL each query (the fallback's way), both over one tenant's rows.
 Usage: python benchmarks/bench_retrieval.py [--k 3] [--no-crossover] [--sizes 1000,10000]
+       [--pg-sizes 1000,10000] [--no-recall]
 """
 
 from __future__ import annotations
@@ -153,12 +157,80 @@ def crossover(sizes: list[int], dim: int = 384, queries: int = 20) -> list[dict]
     return rows
 
 
+def pg_crossover(sizes: list[int], dim: int = 384, queries: int = 20) -> list[dict]:
+    """ms per top-10 query in PostgreSQL: pgvector's exact scan, and numpy over the vectors
+    read from the database each query (what a store without pgvector does)."""
+    import tempfile
+
+    import numpy as np
+    import pgserver
+    import psycopg
+
+    from denpex.control.pgvector_search import literal
+
+    rng = np.random.default_rng(7)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="denpex-pgvector-") as folder:
+        server = pgserver.get_server(folder, cleanup_mode="stop")
+        try:
+            uri = server.get_uri()
+            with psycopg.connect(uri, autocommit=True) as db:
+                db.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                for n in sizes:
+                    data = rng.standard_normal((n, dim)).astype(np.float32)
+                    data /= np.linalg.norm(data, axis=1, keepdims=True)
+                    qs = data[rng.integers(0, n, queries)]
+                    db.execute("DROP TABLE IF EXISTS vec")
+                    db.execute(
+                        f"CREATE TABLE vec (id bigint PRIMARY KEY, tenant text, "
+                        f"v bytea, e vector({dim}))"
+                    )
+                    with db.cursor().copy("COPY vec (id, tenant, v, e) FROM STDIN") as copy:
+                        for i, r in enumerate(data):
+                            copy.write_row((i, "acme", r.tobytes(), literal(r)))
+                    db.execute("ANALYZE vec")
+
+                    def pgvector_knn(q, db=db):
+                        return db.execute(
+                            "SELECT id FROM vec WHERE tenant = 'acme' "
+                            "ORDER BY e <=> %s::vector LIMIT 10",
+                            (literal(q),),
+                        ).fetchall()
+
+                    def numpy_from_pg(q, db=db):
+                        got = db.execute("SELECT v FROM vec WHERE tenant = 'acme'").fetchall()
+                        mat = np.frombuffer(b"".join(r[0] for r in got), np.float32)
+                        return np.argpartition(-(mat.reshape(-1, dim) @ q), 9)[:10]
+
+                    same = {r[0] for r in pgvector_knn(qs[1])} == set(numpy_from_pg(qs[1]).tolist())
+                    rows.append(
+                        {
+                            "vectors": n,
+                            "pgvector_exact_ms": per_query(pgvector_knn, qs),
+                            "numpy_read_from_postgresql_ms": per_query(numpy_from_pg, qs),
+                            "same_top10": same,
+                        }
+                    )
+        finally:
+            server.cleanup()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--no-crossover", action="store_true")
     parser.add_argument("--sizes", default="1000,10000,50000,200000")
+    parser.add_argument("--pg-sizes", default="100,1000,10000,50000")
+    parser.add_argument("--no-recall", action="store_true", help="only the crossovers")
     args = parser.parse_args()
+    if args.no_recall:
+        print(
+            json.dumps(
+                {"pg_crossover": pg_crossover([int(s) for s in args.pg_sizes.split(",")])}, indent=1
+            )
+        )
+        return 0
     catalog = load_catalog()
     embedder = Embedder.load()
     index = runbook_index(catalog, embedder, site_dirs=[])
@@ -182,6 +254,7 @@ def main() -> int:
     }
     if not args.no_crossover:
         out["crossover"] = crossover([int(s) for s in args.sizes.split(",")])
+        out["pg_crossover"] = pg_crossover([int(s) for s in args.pg_sizes.split(",")])
     print(json.dumps(out, indent=1))
     return 0
 
