@@ -40,8 +40,9 @@ from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.similar import index_incidents
 from denpex.control.sso import StoreSamlLedger
-from denpex.control.store import Fence, Fenced, Store
+from denpex.control.store import Fence, Fenced, Store, TenantStore
 from denpex.enterprise import (
     OidcConfig,
     OidcVerifier,
@@ -295,10 +296,11 @@ class Runtime:
                     window = self.windows[tenant] = FleetWindow(
                         tenant, self.fleet_rules, self.options.topology
                     )
-                result = correlate_tenant(
-                    self.store.for_leader(tenant, lead.fence), as_of_ns, window
-                )
+                scoped = self.store.for_leader(tenant, lead.fence)
+                result = correlate_tenant(scoped, as_of_ns, window)
                 self.metrics.incidents.inc(result.written)
+                if result.written or not was:  # new incidents, or a new leader's backfill
+                    self._index_incidents(scoped)
                 done[tenant] = result.fleet
             if time.monotonic() >= self._next_retention:
                 self._next_retention = time.monotonic() + self.options.retention_interval_s
@@ -322,6 +324,16 @@ class Runtime:
                 self.windows.clear()
         self._publish()
         return done
+
+    def _index_incidents(self, scoped: TenantStore) -> None:
+        """Store the vectors of incidents that have none yet (similar-incident search); a
+        broken embedding model costs the search, never the pass."""
+        try:
+            index_incidents(scoped)
+        except Fenced:
+            raise
+        except Exception:
+            log.exception("embedding the incidents of %s failed", scoped.tenant)
 
     def _publish(self) -> None:
         state = self.leadership.state

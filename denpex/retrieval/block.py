@@ -35,13 +35,18 @@ def query_evidence(diag: Mapping[str, Any]) -> list[str]:
     return ids[:QUERY_LINES]
 
 
+def query_lines(diag: Mapping[str, Any]) -> list[str]:
+    """The failure as the log tells it: the distinct raw lines of the cause's evidence, in the
+    order the diagnosis cites them (its own signature's line first)."""
+    by_id = {str(r.get("id")): str(r.get("line") or "").strip() for r in _rows(diag)}
+    lines = (by_id.get(i, "") for i in query_evidence(diag))
+    return list(dict.fromkeys(line for line in lines if line))
+
+
 def query_text(diag: Mapping[str, Any]) -> str:
-    """The failure as the log tells it: the raw lines of the cause's evidence; the summary
-    when there are none (a failure no signature matched)."""
-    wanted = set(query_evidence(diag))
-    lines = [str(r.get("line") or "") for r in _rows(diag) if str(r.get("id")) in wanted]
-    text = "\n".join(line.strip() for line in lines if line.strip())
-    return text or str(diag.get("summary") or "")
+    """The query both rankers search with: the cause's lines, one a line; the summary when
+    there are none (a failure no signature matched)."""
+    return "\n".join(query_lines(diag)) or str(diag.get("summary") or "")
 
 
 def _snippet(text: str, limit: int = SNIPPET) -> str:

@@ -1,7 +1,8 @@
 """The lexical baseline: BM25 over the same passages with SQLite's FTS5, in memory.
 
-Used to measure the embeddings against (benchmarks/bench_retrieval.py) and as the fallback
-ranker nowhere else: retrieval in a report is the embedding index's job.
+Used to measure the embeddings against (benchmarks/bench_retrieval.py) and fused with them in
+the retrieval block (fusion.py). It indexes and searches what `normalise` leaves of each text,
+as the embedding index does, so both rankers see the same words.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sqlite3
 import threading
 
 from denpex.retrieval.index import Hit
+from denpex.retrieval.normalise import normalise
 from denpex.retrieval.passages import Passage
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_]+|[0-9]{2,}")
@@ -35,11 +37,14 @@ class Bm25Index:
         self.db.execute("CREATE VIRTUAL TABLE fts USING fts5(body, tokenize='porter unicode61')")
         self.db.executemany(
             "INSERT INTO fts(rowid, body) VALUES (?, ?)",
-            ((i, "\n".join((p.title, *p.texts))) for i, p in enumerate(passages)),
+            (
+                (i, "\n".join(normalise(t) for t in (p.title, *p.texts)))
+                for i, p in enumerate(passages)
+            ),
         )
 
     def search(self, text: str, k: int = 3) -> list[Hit]:
-        terms = query_terms(text)
+        terms = query_terms(normalise(text))
         if not terms or k <= 0:
             return []
         with self.lock:

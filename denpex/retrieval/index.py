@@ -1,6 +1,8 @@
 """The vector index: passages and their unit vectors, searched by cosine similarity with numpy
 brute force (exact; at runbook and incident sizes faster than any index, see
-benchmarks/bench_retrieval.py for where sqlite-vec overtakes it).
+benchmarks/bench_retrieval.py for where sqlite-vec overtakes it). A passage owns several rows
+(its text, its probes) and a query several vectors (one per failure line); a passage scores
+by its best pair, so one line that matches one example well is enough.
 
 Also the shipped runbook index (built by `python -m denpex.retrieval.build_index`): vectors
 keyed by the text they were computed from, so an entry whose text changed is embedded again
@@ -15,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from denpex.retrieval.normalise import normalise
 from denpex.retrieval.passages import Passage, text_key
 
 if TYPE_CHECKING:
@@ -56,10 +59,12 @@ class VectorIndex:
         return len(self.passages)
 
     def scores(self, query: np.ndarray) -> np.ndarray:
-        """One cosine similarity per passage (the best over its rows)."""
+        """One cosine similarity per passage: the best over its rows and the query's vectors
+        (`query` is one vector or one row per query line)."""
         import numpy as np
 
-        rows = self.vectors @ np.asarray(query, dtype=np.float32).reshape(-1)
+        lines = np.asarray(query, dtype=np.float32).reshape(-1, self.vectors.shape[1])
+        rows = (self.vectors @ lines.T).max(axis=1)
         return np.maximum.reduceat(rows, self.starts) if len(self.starts) else rows
 
     def search(
@@ -100,10 +105,11 @@ class VectorStore:
         return cls(dict(zip((str(k) for k in keys), rows, strict=True)))
 
     def vectors_for(self, passages: list[Passage], embedder: Embedder) -> np.ndarray:
-        """The rows of `passages` in VectorIndex order, embedding what is not stored yet."""
+        """The rows of `passages` in VectorIndex order, embedding what is not stored yet
+        (each text as `normalise` leaves it, and keyed by that)."""
         import numpy as np
 
-        texts = [t for p in passages for t in p.texts]
+        texts = [normalise(t) for p in passages for t in p.texts]
         keys = [text_key(t) for t in texts]
         missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self.vectors}
         if missing:
@@ -118,10 +124,17 @@ class VectorStore:
         """Write the vectors of `passages` (half precision: cosines move by < 1e-3)."""
         import numpy as np
 
-        keys = list(dict.fromkeys(text_key(t) for p in passages for t in p.texts))
+        keys = list(dict.fromkeys(text_key(normalise(t)) for p in passages for t in p.texts))
         rows = np.stack([self.vectors[k] for k in keys]).astype(np.float16)
         np.savez_compressed(path, keys=np.array(keys), vectors=rows)
         return len(keys)
+
+
+def query_vectors(embedder: Embedder, query: str) -> np.ndarray:
+    """One vector per distinct line of `query` (normalised; blank lines left out), the rows
+    `VectorIndex.search` takes the best of; one vector of the whole text when it is one line."""
+    lines = list(dict.fromkeys(normalise(line) for line in query.splitlines()))
+    return embedder.encode([line for line in lines if line] or [normalise(query)])
 
 
 def shipped_passages() -> list[Passage]:

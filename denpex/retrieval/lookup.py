@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from denpex.retrieval.block import INCIDENT_K, RUNBOOK_K, RetrievalBlock, assemble, query_text
 from denpex.retrieval.bm25 import Bm25Index
 from denpex.retrieval.fusion import DEPTH, fuse
-from denpex.retrieval.index import Hit, VectorIndex
+from denpex.retrieval.index import Hit, VectorIndex, query_vectors
 
 if TYPE_CHECKING:
     from denpex.catalog import Catalog
 
-# (query text, query vector, how many) → hits, or raises OSError when the source is down
+# (query text, its vectors (one a line), how many) → hits; raises OSError when the source is down
 IncidentSource = Callable[[str, Any, int], Sequence[Hit]]
 OFF = frozenset({"0", "off", "no", "false"})
 _INDEXES: dict[int, tuple[VectorIndex, Bm25Index]] = {}
@@ -68,7 +68,7 @@ def retrieval_block(
     notes: list[str] = []
     try:
         query = query_text(diag)
-        vector = shared_embedder().encode([query])[0]
+        vector = query_vectors(shared_embedder(), query)
         runbook = search_runbook(catalog, query, vector)
     except Exception as exc:  # a broken model file or library: the report goes on without it
         return RetrievalBlock(evidence=[], notes=[f"retrieval failed: {exc}"[:200]])

@@ -1,11 +1,24 @@
-"""Similar past incidents over the API, on SQLite and PostgreSQL: vectors stored beside the
-incidents, the resolution note shown, an incident's summary with its retrieval block."""
+"""Similar past incidents over the API, on SQLite, on Debian's PostgreSQL (no pgvector: the
+numpy search) and on PostgreSQL 16 with pgvector (pgserver's bundled build): vectors stored
+beside the incidents when the leader's pass opens them, found again by a restarted server,
+the same answer from every store, the resolution note shown, an incident's summary with its
+retrieval block."""
 
 from __future__ import annotations
+
+import itertools
+import os
+import unittest.mock
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from tests.control.helpers import report
+from tests.control.pg import OWNER
+
+_pgvector_names = itertools.count()
 
 CASES = [
     (
@@ -22,9 +35,46 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="session")
+def pgvector_server(tmp_path_factory) -> Iterator[object]:
+    """PostgreSQL 16.2 with pgvector, as the pgserver wheel bundles it (Debian 12 has no
+    pgvector); its socket in a temporary folder, no TCP port; stopped at the end."""
+    import pgserver
+
+    server = pgserver.get_server(tmp_path_factory.mktemp("pgvector"), cleanup_mode="delete")
+    try:
+        server.psql(f"CREATE ROLE {OWNER} LOGIN CREATEROLE")
+        # PostgreSQL 16 gives a role's creator only ADMIN on it, not SET: without this the
+        # owner could not SET ROLE to the tenant role it creates (15 and before: always can)
+        server.psql(f"ALTER ROLE {OWNER} SET createrole_self_grant TO 'set, inherit'")
+        yield server
+    finally:
+        server.cleanup()
+
+
 @pytest.fixture
-def seeded(api, monkeypatch):
-    monkeypatch.setenv("DENPEX_RAG", "on")
+def pgvector_url(pgvector_server) -> str:
+    """A fresh database owned by the non-superuser owner, with the extension created by the
+    superuser (pgvector is not a trusted extension: a DBA creates it, as in production)."""
+    name = f"v{os.getpid()}_{next(_pgvector_names)}"
+    pgvector_server.psql(f"CREATE DATABASE {name} OWNER {OWNER}")
+    import psycopg
+
+    socket_dir = parse_qs(urlsplit(pgvector_server.get_uri()).query)["host"][0]
+    with psycopg.connect(host=socket_dir, user="postgres", dbname=name, autocommit=True) as c:
+        c.execute("CREATE EXTENSION vector")
+    return f"postgresql://{OWNER}@/{name}?host={socket_dir}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "pgvector"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'control.db'}"
+    return request.getfixturevalue("pg_url" if request.param == "postgresql" else "pgvector_url")
+
+
+def seed(api) -> dict[str, int]:
+    """The three jobs' reports, one leader pass; {category: its job incident's id}."""
     for job, category, line in CASES:
         body = report(job=job, category=category)
         diag = body["diagnosis"]
@@ -35,7 +85,94 @@ def seeded(api, monkeypatch):
     api.tick()
     items = api.get("/api/v1/incidents").json()["items"]
     # the jobs' own incidents (the fleet rules add one for the GPU that fell off the bus)
-    return api, {i["category"]: i["id"] for i in items if i["component"]["kind"] == "job"}
+    return {i["category"]: i["id"] for i in items if i["component"]["kind"] == "job"}
+
+
+@pytest.fixture
+def seeded(api, monkeypatch):
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    return api, seed(api)
+
+
+def _counting_encode():
+    """A patch of Embedder.encode that records how many texts each call embeds."""
+    from denpex.retrieval import embedding
+
+    calls: list[int] = []
+    real = embedding.Embedder.encode
+
+    def counting(self, texts):
+        calls.append(len(texts))
+        return real(self, texts)
+
+    return calls, unittest.mock.patch.object(embedding.Embedder, "encode", counting)
+
+
+def test_each_store_searches_the_way_it_can(seeded, request):
+    api, _ = seeded
+    from denpex.control import pgvector_search
+
+    engine = request.node.callspec.params["db_url"]
+    assert pgvector_search.available(api.runtime.db) is (engine == "pgvector")
+
+
+def test_a_restarted_server_finds_the_incident_without_embedding_it_again(db_url, monkeypatch):
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    from tests.control.conftest import Api
+
+    first = Api(db_url)
+    try:
+        ids = seed(first)  # the leader's pass stores each new incident's vector
+    finally:
+        first.close()
+    again = Api(db_url)
+    try:
+        calls, patch = _counting_encode()
+        with patch:
+            again.tick()  # a new leader: nothing is left to embed
+            reply = again.get("/api/v1/incidents/similar", params={"q": "No space left on device"})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["items"][0]["id"] == f"incident:{ids['host.disk_full']}"
+        assert calls == [1], "only the query is embedded: the incidents' vectors were stored"
+    finally:
+        again.close()
+
+
+def test_every_store_gives_the_same_answer(tmp_path, pg_url, pgvector_url, monkeypatch):
+    """numpy over SQLite, numpy over Debian's PostgreSQL and pgvector: same incidents, same
+    order, same similarity (to float32 rounding)."""
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    from tests.control.conftest import Api
+
+    queries = [
+        "CUDA out of memory. Tried to allocate 512.00 MiB on GPU 1",
+        "OSError: [Errno 28] No space left on device\nRuntimeError: checkpoint save failed",
+        "GPU has fallen off the bus",
+    ]
+    answers = []
+    for url in (f"sqlite:///{tmp_path / 'control.db'}", pg_url, pgvector_url):
+        api = Api(url)
+        try:
+            ids = seed(api)
+            names = {v: k for k, v in ids.items()}
+            got = []
+            for q in queries:
+                items = api.get("/api/v1/incidents/similar", params={"q": q, "k": 3}).json()
+                got.append(
+                    [
+                        (names.get(int(i["id"].split(":")[1]), i["category"]), i["score"])
+                        for i in items["items"]
+                    ]
+                )
+            answers.append(got)
+        finally:
+            api.close()
+    sqlite, debian, pgvector = answers
+    assert [[c for c, _ in q] for q in sqlite] == [[c for c, _ in q] for q in pgvector]
+    assert [[c for c, _ in q] for q in sqlite] == [[c for c, _ in q] for q in debian]
+    for a, b in zip(sqlite, pgvector, strict=True):
+        assert [s for _, s in a] == pytest.approx([s for _, s in b], abs=2e-4)
+    assert sqlite[0][0][0] == "cuda.oom" and sqlite[1][0][0] == "host.disk_full"
 
 
 def test_the_nearest_incident_comes_first_with_how_it_was_resolved(seeded):
@@ -65,16 +202,8 @@ def test_vectors_are_stored_once_and_the_other_tenant_sees_none(seeded):
     assert api.get("/api/v1/incidents/similar", params=q).json()["items"][0]["category"] == (
         "host.disk_full"
     )
-    calls = []
-    real = embedding.Embedder.encode
-
-    def counting(self, texts):
-        calls.append(len(texts))
-        return real(self, texts)
-
-    import unittest.mock
-
-    with unittest.mock.patch.object(embedding.Embedder, "encode", counting):
+    calls, patch = _counting_encode()
+    with patch:
         api.get("/api/v1/incidents/similar", params=q)
     assert calls == [1], "only the query is embedded once the incidents' vectors are stored"
     stored = TenantStore(api.runtime.store, "acme", None).incident_vectors(embedding.MODEL_ID, 10)
