@@ -196,9 +196,16 @@ def _row_level_security() -> None:
             END IF;
         END $$"""
     )
+    # The server switches to the tenant role (SET ROLE) in every transaction. Since
+    # PostgreSQL 16 the creator of a role holds only ADMIN on it (createrole_self_grant is
+    # empty by default): a member that may not SET ROLE, so the check there is 'SET'.
     op.execute(
         f"""DO $$ BEGIN
-            IF NOT pg_has_role(current_user, '{TENANT_ROLE}', 'MEMBER') THEN
+            IF current_setting('server_version_num')::int >= 160000 THEN
+                IF NOT pg_has_role(current_user, '{TENANT_ROLE}', 'SET') THEN
+                    EXECUTE format('GRANT {TENANT_ROLE} TO %I', current_user);
+                END IF;
+            ELSIF NOT pg_has_role(current_user, '{TENANT_ROLE}', 'MEMBER') THEN
                 EXECUTE format('GRANT {TENANT_ROLE} TO %I', current_user);
             END IF;
         END $$"""
