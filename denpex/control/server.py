@@ -32,6 +32,7 @@ from denpex.control.identity_audit import IdentityAudit
 from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
 from denpex.control.mfa_store import MfaStore
+from denpex.control.notice_store import NoticeLedger
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
 from denpex.control.remediation_loop import RemediationPass, RemediationThread, make_backend
@@ -156,7 +157,11 @@ class Runtime:
                 self.db,
                 self.store,
                 self.backend,
-                Notifier(options.notify_channels) if options.notify_channels else None,
+                (
+                    Notifier(options.notify_channels, memory=NoticeLedger(self.db))
+                    if options.notify_channels
+                    else None
+                ),
             ),
             self.store.tenants,
             self._leading_fence,
