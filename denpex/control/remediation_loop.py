@@ -70,6 +70,15 @@ class RemediationPass:
         self.spare_checks = spare_checks  # the spares' preflight (None: spares.yaml's)
         self._examined: dict[tuple[str, int], int] = {}
 
+    def prepare(self) -> None:
+        """Ready the backend before the first incident needs it (the Kubernetes client takes
+        seconds to import and configure) and say now, not at 3 a.m., when it cannot work."""
+        if self.backend is None:
+            return
+        why = self.backend.available()
+        if why:
+            log.warning("remediation backend %s is not usable here: %s", self.backend.name, why)
+
     def tenant_pass(self, tenant: str, fence: Fence, now_ns: int) -> int:
         """Propose plans for new incidents, then run the active ones; returns steps taken."""
         rs = RemediationStore(self.db, tenant, fence)
@@ -198,6 +207,10 @@ class RemediationThread:
             self.remediation.tenant_pass(tenant, fence, time.time_ns())
 
     def _loop(self) -> None:
+        try:
+            self.remediation.prepare()
+        except Exception:
+            log.exception("remediation backend check failed")
         while not self._stop.is_set():
             try:
                 self.once()
