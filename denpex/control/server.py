@@ -77,6 +77,7 @@ class ServerOptions:
     diagnostics_command: tuple[str, ...] | None = None
     remediation_webhook_url: str | None = None  # the webhook backend's receiver
     notify_channels: tuple[Any, ...] = ()  # notify.Channel: where remediation notices go
+    spare_checks: tuple[Any, ...] | None = None  # spares.Check: the preflight (None: spares.yaml)
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -162,6 +163,7 @@ class Runtime:
                     if options.notify_channels
                     else None
                 ),
+                options.spare_checks,
             ),
             self.store.tenants,
             self._leading_fence,

@@ -38,8 +38,8 @@ def server(slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[L
         url,
         remediation_backend="slurm",
         diagnostics_command=("sh", "-c", "echo diag {host} level {level}"),
+        spare_checks=tuple(CHECKS),  # as `denpex server --spare-checks FILE` gives them
     )
-    live.runtime.remediation.remediation.spare_checks = CHECKS
     live.tokens = {r: mint(url, "acme", r) for r in ("viewer", "approver", "operator", "admin")}
     live.tokens["globex"] = mint(url, "globex", "admin")
     live.start()
