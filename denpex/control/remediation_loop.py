@@ -131,7 +131,15 @@ class RemediationPass:
             except BackendError as exc:
                 book.note(host, f"not held out of service: {exc}", now_ns)
                 continue
-            book.save(spare, "spare.enrolled", "held out of service; preflight next", now_ns)
+            if not book.save(
+                spare, "spare.enrolled", "held out of service; preflight next", now_ns
+            ):
+                # removed while it was being held out: give it back rather than keep it drained
+                try:
+                    pool.release(host, reason="denpex: warm spare removed from the pool")
+                except BackendError as exc:
+                    log.warning("spare %s removed but not given back: %s", host, exc)
+                pool.spares.pop(host, None)
         for host in pool.due():
             passed = pool.preflight(host)
             note = "preflight passed" if passed else "preflight failed: sent to diagnostics"

@@ -156,10 +156,11 @@ class SpareStore:
                 removing.append(row["host"])
         return requested, removing
 
-    def save(self, spare: Spare, kind: str | None, note: str, now_ns: int) -> None:
-        """Write what the leader's pool holds for `spare` (audited as `kind` when given)."""
+    def save(self, spare: Spare, kind: str | None, note: str, now_ns: int) -> bool:
+        """Write what the leader's pool holds for `spare` (audited as `kind` when given);
+        False when its row is gone (a human removed it meanwhile) or waits to be removed."""
         with self._write(fenced=True) as conn:
-            conn.execute(
+            done = conn.execute(
                 SP.update()
                 .where(
                     SP.c.tenant == self.tenant,
@@ -175,6 +176,8 @@ class SpareStore:
                     updated_ns=now_ns,
                 )
             )
+            if not done.rowcount:
+                return False
             if kind is not None:
                 self._audit(
                     conn,
@@ -190,6 +193,7 @@ class SpareStore:
                         },
                     },
                 )
+            return True
 
     def note(self, host: str, note: str, now_ns: int) -> None:
         """Say on a requested spare why it is not held out yet (the backend refused)."""
