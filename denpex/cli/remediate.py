@@ -1,5 +1,5 @@
-"""`denpex remediate plan|dry-run|approve|reject|status`: remediation plans on the control
-plane, through its API (DENPEX_SERVER_URL and DENPEX_TOKEN or DENPEX_TOKEN_FILE, or --server
+"""`denpex remediate plan|dry-run|approve|reject|status|spares`: remediation plans and the
+warm-spare pool on the control plane, through its API (DENPEX_SERVER_URL and DENPEX_TOKEN or DENPEX_TOKEN_FILE, or --server
 and --token). Thin: one request per command, the answer printed for a person (or --json).
 
 It must never act on a backend itself: approving only lets the leader's executor run the step.
@@ -23,6 +23,9 @@ examples:
   denpex remediate status              # every plan; `status 3` shows plan 3 and its steps
   denpex remediate approve 3 --by alice
   denpex remediate reject 3 --by alice --note "node under maintenance"
+  denpex remediate spares add n7 --pool gpu   # keep n7 as a warm spare (held, checked)
+  denpex remediate spares list                # every spare, its state and last preflight
+  denpex remediate spares remove n7           # give it back to service
 
 exit status: 0 done, 1 refused by the server (not found, not allowed, nothing waits), 2 usage.
 """
@@ -54,6 +57,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         p.add_argument("--by", default=None, help="the human deciding (default: your user)")
         if name == "reject":
             p.add_argument("--note", default="", help="why")
+        p.set_defaults(handler=handle)
+    spares = sub.add_parser("spares", help="the warm-spare pool: list, add or remove a host")
+    verbs = spares.add_subparsers(dest="spares_command", metavar="VERB", required=True)
+    verbs.add_parser("list", help="every spare, its state and last preflight").set_defaults(
+        handler=handle
+    )
+    add = verbs.add_parser("add", help="keep a host as a warm spare (approver or admin role)")
+    add.add_argument("host", help="the node name as the scheduler knows it")
+    add.add_argument("--pool", default=None, help="the pool it stands in for (default: any)")
+    remove = verbs.add_parser("remove", help="give a spare back to service")
+    remove.add_argument("host")
+    for p in (add, remove):
+        p.add_argument("--by", default=None, help="the human asking (default: your user)")
         p.set_defaults(handler=handle)
 
 
@@ -119,6 +135,8 @@ def handle(args: argparse.Namespace) -> int:
         elif command == "status":
             query = f"?status={args.status}" if args.status else ""
             data = _request(args, "GET", f"{base}/plans{query}")
+        elif command == "spares":
+            data = _spares(args, by)
         elif command == "approve":
             data = _request(args, "POST", f"{base}/plans/{args.plan}/approve", {"by": by})
         else:
@@ -133,11 +151,41 @@ def handle(args: argparse.Namespace) -> int:
         sys.stdout.write(jsonio.dumps(data, pretty=True).decode() + "\n")
     elif command == "dry-run":
         print(_dry_run_text(data))
+    elif command == "spares":
+        print(_spares_text(data.get("items", [data])))
     elif "items" in data:
         print(_plans_text(data["items"]))
     else:
         print(_plan_text(data))
     return 0
+
+
+def _spares(args: argparse.Namespace, by: str) -> Any:
+    from urllib.parse import quote, urlencode
+
+    base = "/api/v1/remediation/spares"
+    if args.spares_command == "list":
+        return _request(args, "GET", base)
+    if args.spares_command == "add":
+        return _request(args, "POST", base, {"host": args.host, "pool": args.pool, "by": by})
+    return _request(args, "DELETE", f"{base}/{quote(args.host, safe='')}?{urlencode({'by': by})}")
+
+
+def _spares_text(items: list[dict[str, Any]]) -> str:
+    if not items:
+        return "no warm spares"
+    rows = [f"{'HOST':<16} {'POOL':<10} {'STATUS':<10} {'PREFLIGHT':<10} NOTE"]
+    for sp in items:
+        passed = (sp.get("preflight") or {}).get("passed")
+        verdict = "-" if passed is None else ("passed" if passed else "failed")
+        failed = [c["check"] for c in sp.get("results") or [] if not c.get("passed")]
+        note = sp.get("note") or ""
+        if failed:
+            note += f" (failed: {', '.join(failed)})"
+        rows.append(
+            f"{sp['host']:<16} {sp.get('pool') or '-':<10} {sp['status']:<10} {verdict:<10} {note}"
+        )
+    return "\n".join(rows)
 
 
 def _plans_text(items: list[dict[str, Any]]) -> str:

@@ -100,6 +100,12 @@ def add_parser(commands) -> None:
         "pagerduty|webhook|jira|rma_webhook, url, secret_env, routing_key_env, kinds})",
     )
     parser.add_argument(
+        "--spare-checks",
+        metavar="FILE",
+        help="the warm spares' preflight (YAML: checks: [{name, command: [argv with {host} and "
+        "{spares}], explain}]; default: the packaged spares.yaml's DCGM, all-reduce, IB checks)",
+    )
+    parser.add_argument(
         "--diagnostics-command",
         metavar="CMD",
         help="the hardware diagnostics a plan runs ({host}, {level} filled in; default "
@@ -260,6 +266,7 @@ def handle(args: argparse.Namespace) -> int:
         remediation_backend=args.remediation_backend,
         remediation_webhook_url=args.remediation_webhook_url,
         notify_channels=_notify(args.notify),
+        spare_checks=_spare_checks(args.spare_checks),
         diagnostics_command=tuple(shlex.split(args.diagnostics_command))
         if args.diagnostics_command
         else None,
@@ -370,6 +377,25 @@ def _notify(path: str | None) -> tuple[Any, ...]:
         return tuple(load_channels(yaml.safe_load(Path(path).read_text()) or {}))
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise UsageError(f"--notify {path}: {exc}") from None
+
+
+def _spare_checks(path: str | None) -> tuple[Any, ...] | None:
+    if not path:
+        return None
+    import yaml
+
+    from denpex.remediation.spares import checks_from
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        checks = checks_from(data["checks"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError) as exc:
+        raise UsageError(
+            f"--spare-checks {path}: {exc!r} (want checks: [{{name, command}}])"
+        ) from None
+    if not checks:
+        raise UsageError(f"--spare-checks {path}: no checks (a spare would pass unchecked)")
+    return checks
 
 
 def _topology(path: str | None) -> dict:

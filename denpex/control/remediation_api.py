@@ -1,7 +1,9 @@
 """The remediation routes of the REST API (/api/v1/remediation/...): plans and their step
 records, dry-run of an incident under the tenant's policy, approve and reject and the guards'
 reset (remediation:decide: approver and admin in the bundled policy set; every decision names
-the human), the policy (tenant:admin); reads are remediation:read.
+the human), the policy (tenant:admin), the warm-spare pool (remediation:spares: add a host,
+give one back; the leader holds it out of service and runs its preflight); reads are
+remediation:read.
 
 Like every route, each depends on one Decides (control/access.py) naming its action and
 reaches storage only through the principal's tenant. It must never run a backend operation
@@ -19,6 +21,7 @@ from fastapi.responses import JSONResponse
 from denpex.control.access import Decides
 from denpex.control.db import Database
 from denpex.control.remediation_store import RemediationStore
+from denpex.control.spare_store import SpareStore
 from denpex.control.store import Store
 from denpex.enterprise import Principal
 from denpex.remediation.executor import dry_run
@@ -124,3 +127,42 @@ def add_routes(app: FastAPI, db: Database, store: Store, principal: Requires) ->
         except PolicyError as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
         return JSONResponse({"digest": policy.digest(), "policy": dict(policy.raw)})
+
+    @app.get("/api/v1/remediation/spares", tags=["remediation"])
+    def list_spares(
+        who: Annotated[Principal, Depends(principal("remediation:read"))],
+    ) -> JSONResponse:
+        return JSONResponse({"items": SpareStore.scoped(db, who).spares()})
+
+    @app.get("/api/v1/remediation/spares/{host}", tags=["remediation"])
+    def get_spare(
+        who: Annotated[Principal, Depends(principal("remediation:read"))],
+        host: Annotated[str, Path(min_length=1, max_length=253)],
+    ) -> JSONResponse:
+        return JSONResponse(SpareStore.scoped(db, who).spare(host))
+
+    @app.post("/api/v1/remediation/spares", tags=["remediation"], status_code=201)
+    def add_spare(
+        who: Annotated[Principal, Depends(principal("remediation:spares"))],
+        body: Annotated[dict[str, Any], Body()],
+    ) -> JSONResponse:
+        host, pool = body.get("host"), body.get("pool")
+        if not isinstance(host, str) or not (pool is None or isinstance(pool, str)):
+            return JSONResponse({"error": "give a host (and a pool, or none)"}, status_code=422)
+        try:
+            done = SpareStore.scoped(db, who).add(
+                host, pool, decider(who, body.get("by")), time.time_ns()
+            )
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=422)
+        return JSONResponse(done, status_code=201)
+
+    @app.delete("/api/v1/remediation/spares/{host}", tags=["remediation"])
+    def remove_spare(
+        who: Annotated[Principal, Depends(principal("remediation:spares"))],
+        host: Annotated[str, Path(min_length=1, max_length=253)],
+        by: Annotated[str | None, Query(max_length=200)] = None,
+    ) -> JSONResponse:
+        return JSONResponse(
+            SpareStore.scoped(db, who).remove(host, decider(who, by), time.time_ns())
+        )

@@ -18,6 +18,7 @@ from denpex.control.db import Database
 from denpex.control.objects import ObjectStore
 from denpex.control.objects.bundle import store_bundle
 from denpex.control.remediation_store import RemediationStore
+from denpex.control.spare_store import SpareStore
 from denpex.control.store import Fence, Fenced, Store
 from denpex.remediation import diagnostics, guards
 from denpex.remediation import executor as ex
@@ -27,6 +28,7 @@ from denpex.remediation.notify import Notifier
 from denpex.remediation.notify_log import BundleStore, NotifyingLog
 from denpex.remediation.plan import derive_plans, proposals_of
 from denpex.remediation.slurm import SlurmBackend
+from denpex.remediation.spares import TAKEN, Check, SparePool
 from denpex.remediation.webhook import WebhookBackend
 
 log = logging.getLogger("denpex.server.remediation")
@@ -62,13 +64,24 @@ class RemediationPass:
         backend: Backend | None,
         notifier: Notifier | None = None,
         objects: ObjectStore | None = None,
+        spare_checks: Sequence[Check] | None = None,
     ) -> None:
         self.db = db
         self.objects = objects  # where the RMA hand-off's evidence bundles are stored
         self.store = store
         self.backend = backend
         self.notifier = notifier  # notices of every step (Slack, PagerDuty, webhooks, RMA)
+        self.spare_checks = spare_checks  # the spares' preflight (None: spares.yaml's)
         self._examined: dict[tuple[str, int], int] = {}
+
+    def prepare(self) -> None:
+        """Ready the backend before the first incident needs it (the Kubernetes client takes
+        seconds to import and configure) and say now, not at 3 a.m., when it cannot work."""
+        if self.backend is None:
+            return
+        why = self.backend.available()
+        if why:
+            log.warning("remediation backend %s is not usable here: %s", self.backend.name, why)
 
     def tenant_pass(self, tenant: str, fence: Fence, now_ns: int) -> int:
         """Propose plans for new incidents, then run the active ones; returns steps taken."""
@@ -85,15 +98,21 @@ class RemediationPass:
         if self.backend is None:
             return 0
         taken = 0
+        book = SpareStore(self.db, tenant, fence)
+        spares = self.tend_spares(book, now_ns)
+        before = {h: sp.status for h, sp in spares.spares.items()}
         log: ex.PlanLog = (
             NotifyingLog(rs, self.notifier, bundle=self._bundler(tenant, fence))
             if self.notifier
             else rs
         )
-        executor = ex.Executor(self.backend, log, policy)
+        executor = ex.Executor(self.backend, log, policy, spares=spares)
         for record in rs.active_plans():
             after = executor.run(record, time.time_ns())
             taken += after.state != record.state
+        for host, spare in spares.spares.items():
+            if spare.status == TAKEN and before.get(host) != TAKEN:
+                book.save(spare, "spare.checked", "taken by a reroute", time.time_ns())
         return taken
 
     def _bundler(self, tenant: str, fence: Fence) -> BundleStore | None:
@@ -109,6 +128,45 @@ class RemediationPass:
             return {f"incident-{incident_id}-evidence.tar.gz": stored.ref}
 
         return bundle
+
+    def tend_spares(self, book: SpareStore, now_ns: int) -> SparePool:
+        """The tenant's spare pool, brought up to date: requested spares held out of service,
+        removed ones given back, those due checked again; the pool a reroute takes from."""
+        assert self.backend is not None
+        pool = SparePool(self.backend, checks=self.spare_checks, clock=time.time)
+        requested, removing = book.load(pool)
+        for host in removing:
+            try:
+                released = pool.release(host, reason="denpex: warm spare removed from the pool")
+            except BackendError as exc:
+                released, why = False, str(exc)
+            else:
+                why = "the backend did not resume it"
+            if released:
+                book.drop(host, now_ns)
+            else:
+                pool.spares.pop(host, None)  # never offered while it waits to leave
+                log.warning("spare %s not given back: %s", host, why)
+        for host, pool_name in requested:
+            try:
+                spare = pool.enroll(host, pool_name)
+            except BackendError as exc:
+                book.note(host, f"not held out of service: {exc}", now_ns)
+                continue
+            if not book.save(
+                spare, "spare.enrolled", "held out of service; preflight next", now_ns
+            ):
+                # removed while it was being held out: give it back rather than keep it drained
+                try:
+                    pool.release(host, reason="denpex: warm spare removed from the pool")
+                except BackendError as exc:
+                    log.warning("spare %s removed but not given back: %s", host, exc)
+                pool.spares.pop(host, None)
+        for host in pool.due():
+            passed = pool.preflight(host)
+            note = "preflight passed" if passed else "preflight failed: sent to diagnostics"
+            book.save(pool.spares[host], "spare.checked", note, time.time_ns())
+        return pool
 
     def _propose(
         self, rs: RemediationStore, policy, incident_id: int, fence: Fence, now_ns: int
@@ -179,6 +237,10 @@ class RemediationThread:
             self.remediation.tenant_pass(tenant, fence, time.time_ns())
 
     def _loop(self) -> None:
+        try:
+            self.remediation.prepare()
+        except Exception:
+            log.exception("remediation backend check failed")
         while not self._stop.is_set():
             try:
                 self.once()

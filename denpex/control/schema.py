@@ -304,6 +304,35 @@ remediation_guards = sa.Table(
     sa.Column("reason", sa.Text, nullable=False),
 )
 
+remediation_spares = sa.Table(  # migration 0012: each tenant's warm-spare pool
+    "remediation_spares",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("host", sa.Text, primary_key=True),
+    sa.Column("pool", sa.Text),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("added_ns", sa.BigInteger, nullable=False),
+    sa.Column("added_by", sa.Text, nullable=False),
+    sa.Column("validated_ns", sa.BigInteger),
+    sa.Column("checked_ns", sa.BigInteger),
+    sa.Column("results", sa.Text, nullable=False),
+    sa.Column("note", sa.Text, nullable=False),
+    sa.Column("updated_ns", sa.BigInteger, nullable=False),
+)
+
+remediation_notices = sa.Table(  # migration 0012: notices handed to a receiver, once each
+    "remediation_notices",
+    metadata,
+    sa.Column("key", sa.Text, primary_key=True),
+    sa.Column("tenant", sa.Text, nullable=False),
+    sa.Column("channel", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("plan_id", sa.BigInteger),
+    sa.Column("claimed_ns", sa.BigInteger, nullable=False),
+    sa.Column("sent_ns", sa.BigInteger),
+    sa.Column("record", sa.Text, nullable=False),
+)
+
 
 # --- enterprise identity (migration 0009): the SAML ledger is a system table; SCIM, MFA and
 # the tenant's identity settings are tenant tables (row-level security in PostgreSQL) ----------

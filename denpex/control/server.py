@@ -32,6 +32,7 @@ from denpex.control.identity_audit import IdentityAudit
 from denpex.control.ingest import LogBatch
 from denpex.control.leader import Leadership
 from denpex.control.mfa_store import MfaStore
+from denpex.control.notice_store import NoticeLedger
 from denpex.control.objects import ObjectStore, open_objects
 from denpex.control.paths import default_state_dir
 from denpex.control.quotas import QuotaPolicy, Quotas
@@ -79,6 +80,7 @@ class ServerOptions:
     diagnostics_command: tuple[str, ...] | None = None
     remediation_webhook_url: str | None = None  # the webhook backend's receiver
     notify_channels: tuple[Any, ...] = ()  # notify.Channel: where remediation notices go
+    spare_checks: tuple[Any, ...] | None = None  # spares.Check: the preflight (None: spares.yaml)
     topology: Mapping[str, Placement] = field(default_factory=dict)  # host → placement
     fleet_rules: FleetConfig | None = None  # None: the packaged rules.yaml
     replay: bool = False  # no loop thread: passes run by replay_tick at the replayed time
@@ -172,10 +174,17 @@ class Runtime:
                 self.db,
                 self.store,
                 self.backend,
-                Notifier(options.notify_channels, attachments=self.objects.read_for)
-                if options.notify_channels
-                else None,
+                (
+                    Notifier(
+                        options.notify_channels,
+                        memory=NoticeLedger(self.db),
+                        attachments=self.objects.read_for,
+                    )
+                    if options.notify_channels
+                    else None
+                ),
                 objects=self.objects,
+                spare_checks=options.spare_checks,
             ),
             self.store.tenants,
             self._leading_fence,

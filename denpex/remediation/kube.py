@@ -1,9 +1,10 @@
-"""The Kubernetes backend, through the official `kubernetes` client: cordon
-(`spec.unschedulable`) with a denpex taint, annotations and a NodeCondition plus an Event
-(as node-problem-detector users expect), the pre-stop checkpoint as a pod annotation
-handshake, eviction through the Eviction API (policy/v1) that waits on a PodDisruptionBudget's
-429 instead of forcing, uncordon, and the node read back after every write. The keys it
-writes are data (kubernetes.yaml).
+"""The Kubernetes backend, through the official `kubernetes` client: the client and the node
+read back (here), holding a node out of service and giving it back (kube_node.py: cordon as
+`spec.unschedulable` with a denpex taint, annotations, a NodeCondition and an Event, as
+node-problem-detector users expect), and the node's pods (kube_pods.py: the pre-stop
+checkpoint as a pod annotation handshake, eviction through the Eviction API (policy/v1) that
+waits on a PodDisruptionBudget's 429 instead of forcing). The keys it writes are data
+(kubernetes.yaml).
 
 It must never delete a pod directly, force past a PodDisruptionBudget, touch a taint that is
 not its own, or uncordon a node that someone else cordoned (one without its annotation).
@@ -11,14 +12,9 @@ not its own, or uncordon a node that someone else cordoned (one without its anno
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Callable, Mapping, Sequence
-from functools import cache
-from importlib import resources
 from typing import Any
-
-import yaml
 
 from denpex.core import jsonio
 from denpex.remediation import diagnostics
@@ -32,14 +28,10 @@ from denpex.remediation.backend import (
     Target,
     result,
 )
+from denpex.remediation.kube_node import hold, release, settings
 from denpex.remediation.kube_pods import Pods, checkpoint_pods, evict_all, evictable, pod_key
 
-
-@cache
-def settings() -> Mapping[str, Any]:
-    """kubernetes.yaml: the keys this backend writes and the eviction settings."""
-    text = resources.files("denpex.remediation").joinpath("kubernetes.yaml").read_text()
-    return dict(yaml.safe_load(text))
+__all__ = ["KubernetesBackend", "settings"]
 
 
 def _client() -> Any:
@@ -50,10 +42,6 @@ def _client() -> Any:
             "kubernetes: the Python client is not installed (pip install 'denpex[kubernetes]')"
         ) from None
     return kubernetes
-
-
-def _now_iso() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubernetesBackend(Backend):
@@ -184,164 +172,21 @@ class KubernetesBackend(Backend):
             f"patch node {host}", api.patch_node, host, dict(body), _request_timeout=timeout_s
         )
 
-    def _condition(self, node: Any, held: bool, message: str, timeout_s: float) -> None:
-        """Set denpex's NodeCondition (status True while held) and record an Event."""
-        conf = settings()["condition"]
-        reason = conf["reason_held" if held else "reason_released"]
-        now = _now_iso()
-        conditions = [
-            c.to_dict() if hasattr(c, "to_dict") else dict(c)
-            for c in node.status.conditions or []
-            if c.type != conf["type"]
-        ]
-        conditions = [_camel(c) for c in conditions]
-        conditions.append(
-            {
-                "type": conf["type"],
-                "status": "True" if held else "False",
-                "reason": reason,
-                "message": message,
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
-            }
-        )
-        api, host = self.api(), node.metadata.name
-        self._call(
-            f"set condition on {host}",
-            api.patch_node_status,
-            host,
-            {"status": {"conditions": conditions}},
-            _request_timeout=timeout_s,
-        )
-        events = settings()["events"]
-        self._call(
-            f"record event on {host}",
-            api.create_namespaced_event,
-            events["namespace"],
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {
-                    "name": f"{host}.{time.time_ns():x}",
-                    "namespace": events["namespace"],
-                },
-                "involvedObject": {"kind": "Node", "name": host, "uid": node.metadata.uid},
-                "reason": reason,
-                "message": message,
-                "type": "Warning" if held else "Normal",
-                "source": {"component": events["source"]},
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            },
-            _request_timeout=timeout_s,
-        )
-
-    def _hold(
-        self, op: Operation, target: Target, reason: str, timeout_s: float, taint_name: str
-    ) -> StepResult:
-        """Cordon with our taint, annotations and condition; idempotent; refuses a node that
-        someone else cordoned."""
-        started = time.time_ns()
-        keys, taint = settings()["annotations"], settings()[taint_name]
-        node = self._node(target.host, timeout_s)
-        annotations = dict(node.metadata.annotations or {})
-        ours = annotations.get(keys["cordoned_by"]) == "denpex"
-        taints = [_camel(t.to_dict()) for t in node.spec.taints or []]
-        has_taint = any(t["key"] == taint["key"] for t in taints)
-        if node.spec.unschedulable and not ours:
-            raise BackendError(
-                f"kubernetes: {target.host} is already cordoned outside denpex; "
-                "denpex leaves it as it is"
-            )
-        if node.spec.unschedulable and has_taint and annotations.get(keys["reason"]) == reason:
-            return result(
-                op,
-                target,
-                started,
-                ok=True,
-                changed=False,
-                detail=f"{target.host} already cordoned: {reason}",
-                record={"node": self.state(target, timeout_s=timeout_s).to_dict()},
-            )
-        if not has_taint:
-            taints.append({"key": taint["key"], "value": taint["value"], "effect": taint["effect"]})
-        body = {
-            "metadata": {"annotations": {keys["cordoned_by"]: "denpex", keys["reason"]: reason}},
-            "spec": {"unschedulable": True, "taints": taints},
-        }
-        patched = self._patch(target.host, body, timeout_s)
-        self._condition(patched, True, reason, timeout_s)
-        after = self.state(target, timeout_s=timeout_s)
-        done = after.raw["unschedulable"] and any(
-            t.get("key") == taint["key"] for t in after.raw["taints"]
-        )
-        return result(
-            op,
-            target,
-            started,
-            ok=bool(done),
-            changed=True,
-            detail=f"node {target.host}: unschedulable, taint {taint['key']}, reason {reason!r}",
-            record={"node": after.to_dict(), "patch": body},
-        )
-
     def cordon(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
-        return self._hold(Operation.CORDON, target, reason, timeout_s, "taint")
+        return hold(self, Operation.CORDON, target, reason, timeout_s, "taint")
 
     def drain(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
         # draining is marking the node to empty (cordoned, tainted, condition set); the pods
         # leave in the evict step, after their checkpoint
-        return self._hold(Operation.DRAIN, target, reason, timeout_s, "taint")
+        return hold(self, Operation.DRAIN, target, reason, timeout_s, "taint")
 
     def rma(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
-        return self._hold(
-            Operation.RMA, target, f"{REASON_PREFIX} rma {reason}", timeout_s, "rma_taint"
+        return hold(
+            self, Operation.RMA, target, f"{REASON_PREFIX} rma {reason}", timeout_s, "rma_taint"
         )
 
     def resume(self, target: Target, *, reason: str, timeout_s: float) -> StepResult:
-        started = time.time_ns()
-        conf = settings()
-        keys = conf["annotations"]
-        ours_taints = {conf["taint"]["key"], conf["rma_taint"]["key"]}
-        node = self._node(target.host, timeout_s)
-        annotations = dict(node.metadata.annotations or {})
-        ours = annotations.get(keys["cordoned_by"]) == "denpex"
-        if not node.spec.unschedulable and not ours:
-            return result(
-                Operation.RESUME,
-                target,
-                started,
-                ok=True,
-                changed=False,
-                detail=f"{target.host} already in service",
-                record={"node": self.state(target, timeout_s=timeout_s).to_dict()},
-            )
-        if not ours:
-            raise BackendError(
-                f"kubernetes: {target.host} was cordoned outside denpex (no {keys['cordoned_by']} "
-                "annotation); denpex does not uncordon it"
-            )
-        taints = [_camel(t.to_dict()) for t in node.spec.taints or []]
-        body = {
-            "metadata": {"annotations": {keys["cordoned_by"]: None, keys["reason"]: None}},
-            "spec": {
-                "unschedulable": False,
-                "taints": [t for t in taints if t["key"] not in ours_taints],
-            },
-        }
-        patched = self._patch(target.host, body, timeout_s)
-        self._condition(patched, False, reason, timeout_s)
-        after = self.state(target, timeout_s=timeout_s)
-        return result(
-            Operation.RESUME,
-            target,
-            started,
-            ok=not after.raw["unschedulable"],
-            changed=True,
-            detail=f"node {target.host}: schedulable, denpex taints removed",
-            record={"node": after.to_dict(), "patch": body},
-        )
+        return release(self, target, reason=reason, timeout_s=timeout_s)
 
     # --- the node's pods -------------------------------------------------------------------
 
@@ -449,16 +294,3 @@ def _message(exc: Any) -> str:
         return str(jsonio.loads(exc.body).get("message", exc.reason))
     except (ValueError, TypeError, AttributeError):
         return str(exc.reason)
-
-
-def _camel(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """The client's snake_case model dict back in the API's camelCase (None fields dropped)."""
-    out = {}
-    for key, value in obj.items():
-        if value is None:
-            continue
-        head, *rest = key.split("_")
-        if isinstance(value, datetime.datetime):
-            value = value.strftime("%Y-%m-%dT%H:%M:%SZ")
-        out[head + "".join(w.title() for w in rest)] = value
-    return out

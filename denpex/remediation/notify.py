@@ -2,7 +2,14 @@
 a Slack incoming webhook (text + Block Kit), PagerDuty Events API v2 (trigger / acknowledge /
 resolve, dedup_key = the incident), a generic signed JSON notice, and the RMA hand-off
 (rma.py). Notices are queued and sent by one worker thread, retried with backoff
-(delivery.py), each delivered once (its key is remembered), failures counted.
+(delivery.py), each delivered once, failures counted.
+
+"Once" is kept by a SentMemory: the control plane's is its store (control/notice_store.py),
+so a restarted or failed-over leader remembers too. A notice is claimed there before its first
+try and marked sent after the receiver accepted it; a refused or unanswered one is released so
+a later submission tries again. A claim that was never marked (the sender died between the
+receiver's answer and the record) is not sent again: a receiver such as Slack drops no
+duplicates, so at most once is the only promise that holds for all of them.
 
 It must never block or fail a plan: submit() only queues; a receiver that is down costs
 retries and a counted failure, nothing else. The payload builders are pure.
@@ -20,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -209,6 +216,46 @@ def send(
     return rma.open_jira_ticket(channel, notice, sleep=sleep, read=read)
 
 
+class SentMemory(Protocol):
+    """Which notices were handed to which receiver (keys: the channel's name + Notice.key())."""
+
+    def claim(self, key: str, channel: str, notice: Notice, now_ns: int) -> bool:
+        """True when nobody claimed `key` before: the caller sends it; False: never again."""
+        ...
+
+    def sent(self, key: str, record: Mapping[str, Any], now_ns: int) -> None:
+        """The receiver accepted the notice claimed as `key`."""
+        ...
+
+    def release(self, key: str) -> None:
+        """The notice claimed as `key` was not accepted: a later submission may try again."""
+        ...
+
+
+class MemoryOfSent:
+    """A SentMemory of this process alone (a notifier without a store, the tests)."""
+
+    def __init__(self) -> None:
+        self._claims: dict[str, bool] = {}  # key → accepted
+        self._lock = threading.Lock()
+
+    def claim(self, key: str, channel: str, notice: Notice, now_ns: int) -> bool:
+        with self._lock:
+            if key in self._claims:
+                return False
+            self._claims[key] = False
+            return True
+
+    def sent(self, key: str, record: Mapping[str, Any], now_ns: int) -> None:
+        with self._lock:
+            self._claims[key] = True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            if self._claims.get(key) is False:
+                del self._claims[key]
+
+
 class Notifier:
     """Queues notices and sends them from one worker thread; counts what happened."""
 
@@ -216,6 +263,7 @@ class Notifier:
         self,
         channels: Sequence[Channel],
         *,
+        memory: SentMemory | None = None,
         sleep: Callable[[float], None] = time.sleep,
         attachments: rma.AttachmentReader | None = None,
     ) -> None:
@@ -224,7 +272,7 @@ class Notifier:
         self.attachments = attachments  # reads a notice's attachments from the object store
         self.counts = {"submitted": 0, "sent": 0, "failed": 0, "retries": 0, "duplicates": 0}
         self.last: dict[str, Any] = {}  # channel name → the last delivery's record
-        self._sent: set[str] = set()
+        self.memory: SentMemory = memory if memory is not None else MemoryOfSent()
         self._queue: queue.Queue[Notice | None] = queue.Queue()
         self._thread = threading.Thread(target=self._work, name="denpex-notify", daemon=True)
         self._thread.start()
@@ -246,7 +294,13 @@ class Notifier:
 
     def _deliver(self, channel: Channel, notice: Notice) -> None:
         key = f"{channel.name}-{notice.key()}"
-        if key in self._sent:
+        try:
+            mine = self.memory.claim(key, channel.name, notice, time.time_ns())
+        except Exception as exc:  # the store is away: sending unclaimed could send twice
+            log.warning("notify %s: %s not sent, no claim recorded: %s", channel.name, key, exc)
+            self.counts["failed"] += 1
+            return
+        if not mine:
             self.counts["duplicates"] += 1
             return
         try:
@@ -255,16 +309,26 @@ class Notifier:
             log.warning("notify %s: %s failed: %s", channel.name, notice.kind, exc)
             self.counts["failed"] += 1
             self.last[channel.name] = {"error": str(exc)}
+            self._remember(self.memory.release, key)
             return
         record = out.to_dict() if hasattr(out, "to_dict") else dict(out)
         self.last[channel.name] = record
         self.counts["retries"] += max(0, len(record.get("attempts", [])) - 1)
         if getattr(out, "ok", record.get("ok")):
-            self._sent.add(key)
+            self._remember(self.memory.sent, key, record, time.time_ns())
             self.counts["sent"] += 1
         else:
             self.counts["failed"] += 1
+            self._remember(self.memory.release, key)
             log.warning("notify %s: %s not delivered: %s", channel.name, notice.kind, record)
+
+    @staticmethod
+    def _remember(call: Callable[..., None], *args: Any) -> None:
+        """Record an outcome; a store that is away leaves the claim as it was (not resent)."""
+        try:
+            call(*args)
+        except Exception as exc:
+            log.warning("notify: the outcome of %s was not recorded: %s", args[0], exc)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued notice was handled (tests, shutdown)."""

@@ -23,6 +23,9 @@ import yaml
 from denpex.remediation.backend import Backend, BackendError, Target, TargetKind
 
 VALIDATED, UNCHECKED, FAILED, TAKEN = "validated", "unchecked", "failed", "taken"
+# a spare a human asked for (not held out yet), and one a human asked to give back: the
+# control plane stores these; the leader's pass enrolls or releases them
+REQUESTED, REMOVING = "requested", "removing"
 
 
 @cache
@@ -51,6 +54,7 @@ class Spare:
     pool: str | None
     status: str = UNCHECKED
     validated_at: float | None = None  # the clock's seconds at the last passed preflight
+    checked_at: float | None = None  # ... at the last preflight, passed or not
     results: list[dict[str, Any]] = field(default_factory=list)  # the last preflight's checks
 
 
@@ -107,6 +111,7 @@ class SparePool:
         """Run every check on the spare; a failure sends it to diagnostics and keeps it out."""
         spare = self.spares[host]
         spare.results = [self._run(check, spare) for check in self.checks]
+        spare.checked_at = self.clock()
         if all(r["passed"] for r in spare.results):
             spare.status, spare.validated_at = VALIDATED, self.clock()
             return True
@@ -125,6 +130,27 @@ class SparePool:
         """The periodic pass: every spare not taken is checked again."""
         return {h: self.preflight(h) for h, s in sorted(self.spares.items()) if s.status != TAKEN}
 
+    def due(self) -> list[str]:
+        """The spares not taken whose last preflight is older than `max_age_s` (or never
+        ran): the periodic pass checks these again."""
+        now = self.clock()
+        return [
+            h
+            for h, s in sorted(self.spares.items())
+            if s.status != TAKEN and (s.checked_at is None or now - s.checked_at > self.max_age_s)
+        ]
+
+    def release(self, host: str, *, reason: str) -> bool:
+        """Give a spare back to service (a human removed it from the pool): a spare not taken
+        is resumed in the backend; True when it left the pool."""
+        spare = self.spares[host]
+        if spare.status != TAKEN:
+            out = self.backend.resume(self._target(spare), reason=reason, timeout_s=60)
+            if not out.ok:
+                return False
+        del self.spares[host]
+        return True
+
     def fresh(self, spare: Spare) -> bool:
         return (
             spare.status == VALIDATED
@@ -136,7 +162,9 @@ class SparePool:
         """A validated spare of `pool`, checked again (preflight before resume) and resumed
         into service for the rerouted job; None when no spare passes."""
         for spare in sorted(self.spares.values(), key=lambda s: (not self.fresh(s), s.host)):
-            if spare.status == TAKEN or spare.host in exclude or (pool and spare.pool != pool):
+            if spare.status in (TAKEN, REMOVING) or spare.host in exclude:
+                continue
+            if pool and spare.pool and spare.pool != pool:  # a spare of no pool stands in for any
                 continue
             if spare.status == FAILED or not self.preflight(spare.host):
                 continue

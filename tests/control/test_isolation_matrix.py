@@ -53,6 +53,7 @@ class Side:
     reports: list[str] = field(default_factory=list)
     incidents: list[int] = field(default_factory=list)
     plans: list[int] = field(default_factory=list)  # remediation plans the leader derived
+    spares: list[str] = field(default_factory=list)  # warm spares only this tenant names
     scim_users: list[str] = field(default_factory=list)  # SCIM ids its provisioner made
     sent: int = 0
 
@@ -168,6 +169,13 @@ class Matrix:
                 {"json": {"tier": self.rng.choice(("observe", "recommend", "approve"))}},
                 ok(200),
             ),
+            # the warm-spare pool: both tenants add hosts of the same names, and their own
+            ("GET", "/api/v1/remediation/spares"): lambda me, other: self.read(
+                "/api/v1/remediation/spares"
+            ),
+            ("GET", "/api/v1/remediation/spares/{host}"): self.get_spare,
+            ("POST", "/api/v1/remediation/spares"): self.add_spare,
+            ("DELETE", "/api/v1/remediation/spares/{host}"): self.remove_spare,
             # the web UI: pages and forms of a session, as the browser sends them
             ("GET", "/login"): lambda me, other: self.page(me, "GET", "/login", ok(200, 303)),
             ("POST", "/login"): lambda me, other: self.page(
@@ -416,6 +424,37 @@ class Matrix:
         path = f"/api/v1/remediation/dry-run/{incident}"
         return ("viewer", "GET", path, {}, ok(404) if probe else ok(200))
 
+    def get_spare(self, me: Side, other: Side) -> Request:
+        return self.by_id("/api/v1/remediation/spares/{}", me, other, "spares")
+
+    def add_spare(self, me: Side, other: Side) -> Request:
+        body = {"by": f"sre-{mark(me.tenant)}"}
+        if self.rng.random() < 0.1:  # an operator may not keep the pool: a 403, logged
+            return (
+                "operator",
+                "POST",
+                "/api/v1/remediation/spares",
+                {"json": {"host": "x"}},
+                ok(403),
+            )
+        if self.rng.random() < 0.3:  # a name both tenants use: each has its own spare of it
+            body |= {"host": self.rng.choice(HOSTS), "pool": "gpu"}
+            return ("approver", "POST", "/api/v1/remediation/spares", {"json": body}, ok(201, 409))
+        me.sent += 1
+        host = f"spare-{mark(me.tenant)}-{me.sent}"
+        me.spares.append(host)
+        body |= {"host": host, "pool": self.rng.choice(("gpu", None))}
+        return ("approver", "POST", "/api/v1/remediation/spares", {"json": body}, ok(201))
+
+    def remove_spare(self, me: Side, other: Side) -> Request:
+        host, probe = self.pick(me, other, "spares")
+        params = {"params": {"by": f"sre-{mark(me.tenant)}"}}
+        if host is None or probe:
+            path = f"/api/v1/remediation/spares/{host or 'none-yet'}"
+            return ("approver", "DELETE", path, params, ok(404))
+        me.spares.remove(host)
+        return ("approver", "DELETE", f"/api/v1/remediation/spares/{host}", params, ok(200))
+
     # --- the web UI ----------------------------------------------------------------------------
 
     def page(
@@ -582,6 +621,7 @@ def run_matrix(server: ServerProcess, url: str, kms: str, requests: int, seed: i
                 or any(f"/dry-run/{i}/" in path + "/" for i in other.incidents)
                 or any(f"/plans/{i}/" in path + "/" for i in other.plans)
                 or any(f"/Users/{i}" in path for i in other.scim_users)
+                or any(path.endswith(f"/spares/{h}") for h in other.spares)
             )
             tally.probes += probe
             # a 404 may echo the id asked for: that is the asker's own text, not data
@@ -689,7 +729,14 @@ def remediation_changed(db, tenant: str, their_tokens: set[str], their_mark: str
     """Remediation rows of `tenant` (system tables, filtered in code) decided, reset or
     changed by the other tenant's tokens, or holding its data; its audit records too."""
     bad = 0
-    tables = ("remediation_plans", "remediation_steps", "remediation_policies", "audit")
+    tables = (
+        "remediation_plans",
+        "remediation_steps",
+        "remediation_policies",
+        "remediation_spares",
+        "remediation_notices",
+        "audit",
+    )
     with db.system_tx() as conn:
         for table in tables:
             query = sa.text(f"SELECT * FROM {table} WHERE tenant = :t")

@@ -66,3 +66,25 @@ def test_a_bad_topology_file_is_a_one_line_error(tmp_path):
     wrong = denpex("--db", url, "--topology", str(bad))
     assert wrong.returncode == 2 and "hosts.node1 takes only" in wrong.stderr
     assert "Traceback" not in missing.stderr + wrong.stderr
+
+
+def test_the_spares_preflight_is_read_from_a_file_and_a_bad_one_is_a_one_line_error(tmp_path):
+    from denpex.cli.server import _spare_checks
+
+    site = tmp_path / "checks.yaml"
+    site.write_text(
+        "checks:\n"
+        "  - {name: health, command: [site-health, --node, '{host}'], explain: the site's agent}\n"
+    )
+    (check,) = _spare_checks(str(site))
+    assert (check.name, check.command) == ("health", ("site-health", "--node", "{host}"))
+    url = f"sqlite:///{tmp_path / 'cp.db'}"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("checks: []\n")
+    none = denpex("--db", url, "--spare-checks", str(empty))
+    assert none.returncode == 2 and "a spare would pass unchecked" in none.stderr
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("preflight: []\n")
+    bad = denpex("--db", url, "--spare-checks", str(wrong))
+    assert bad.returncode == 2 and "want checks:" in bad.stderr
+    assert "Traceback" not in none.stderr + bad.stderr

@@ -27,4 +27,4 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
 
 
 # the control plane's fixtures (PostgreSQL, server processes), for the end-to-end tests here
-from tests.control.conftest import pg_cluster, pg_url, server_processes  # noqa: E402, F401
+from tests.control.conftest import db_url, pg_cluster, pg_url, server_processes  # noqa: E402, F401

@@ -23,6 +23,7 @@ from markupsafe import Markup
 from denpex import __version__
 from denpex.control.access import allows
 from denpex.control.remediation_store import RemediationStore
+from denpex.control.spare_store import SpareStore
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
 from denpex.control.ui.action_routes import PageKit, add_action_routes
@@ -274,9 +275,11 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         session = session_for(request)
         store = rt.store.scoped(principal)
         held = None  # None: this session may not read remediation (cells show incidents only)
+        spares = None
         if allows(rt, principal, "remediation:read"):
             rs = RemediationStore.scoped(rt.db, principal)
             held = remediation_states(rs, state_of_step())
+            spares = SpareStore.scoped(rt.db, principal).spares()
         fleet = fleet_view(
             store,
             state=state or None,
@@ -285,6 +288,7 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
             remediation=held,
             placements=rt.options.topology,
             group_by=group,
+            spares=spares,
         )
         return page(
             request,

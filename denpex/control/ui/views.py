@@ -1,5 +1,5 @@
 """What each page shows, gathered from one TenantStore: the fleet (hosts, their states and
-open incidents), an incident (its reports' diagnoses, evidence, jobs, host history) and jobs.
+open incidents, the warm spares and their last preflight), an incident (its reports' diagnoses, evidence, jobs, host history) and jobs.
 
 Pure reads through the TenantStore the caller obtained from an authenticated Principal;
 it must never invent a state the store does not hold (see host_states.yaml).
@@ -47,6 +47,7 @@ class HostCell:
     categories: list[str] = field(default_factory=list)
     plan: int | None = None  # the remediation plan that set a remediation state
     step: str | None = None  # ... and its step that did
+    spare: str | None = None  # its status in the warm-spare pool, when it is a spare
 
 
 @dataclass(slots=True)
@@ -67,6 +68,7 @@ class Fleet:
     fleet_findings: list[dict[str, Any]]
     group_by: str
     topology_hosts: int  # hosts the site topology places (0: none given)
+    spares: list[dict[str, Any]] = field(default_factory=list)  # the warm-spare pool
 
 
 GROUP_BY = ("rack", "switch", "pool")
@@ -75,6 +77,11 @@ GROUP_BY = ("rack", "switch", "pool")
 def state_of_step() -> dict[str, str]:
     """Plan step → the host state it leaves (host_states.yaml's remediation states)."""
     return {step: key for key, spec in host_states().items() for step in spec.get("steps") or ()}
+
+
+def state_of_spare() -> dict[str, str]:
+    """Spare status → the host state it shows (host_states.yaml's spare states)."""
+    return {st: key for key, spec in host_states().items() for st in spec.get("statuses") or ()}
 
 
 def fleet(
@@ -86,15 +93,22 @@ def fleet(
     remediation: Mapping[str, Mapping[str, Any]] | None = None,
     placements: Mapping[str, Any] | None = None,
     group_by: str = "rack",
+    spares: list[dict[str, Any]] | None = None,
 ) -> Fleet:
     """Every host as a cell (filtered by state, open-incident category and name text) in
     groups by rack, leaf switch or pool of the site topology, the active incidents newest
     first, and the count of hosts in each state. `remediation` is host → {state, plan, step}
-    (actions.remediation_states); `placements` host → Placement (the fleet rules' topology)."""
+    (actions.remediation_states); `placements` host → Placement (the fleet rules' topology);
+    `spares` the warm-spare pool (SpareStore.spares): a spare that never reported has a cell."""
     remediation = remediation or {}
+    spares = spares or []
+    as_spare = state_of_spare()
+    spare_of = {sp["host"]: sp for sp in spares if sp["status"] in as_spare}
     placements = placements or {}
     group_by = group_by if group_by in GROUP_BY else "rack"
     hosts = all_hosts(store)
+    reported = {h["name"] for h in hosts}
+    hosts += [{"name": h, "last_ns": None} for h in sorted(spare_of) if h not in reported]
     active: list[dict[str, Any]] = []
     for status in ACTIVE:
         active += store.incidents(status=status, limit=MAX_ACTIVE).items
@@ -109,15 +123,19 @@ def fleet(
     for host in hosts:
         mine = on_host.get(host["name"], [])
         held = remediation.get(host["name"]) or {}
+        spare = spare_of.get(host["name"])
         cells.append(
             HostCell(
                 name=host["name"],
-                state=held.get("state") or ("suspect" if mine else "healthy"),
-                last=iso(host["last_ns"]),
+                state=held.get("state")
+                or (as_spare[spare["status"]] if spare else None)
+                or ("suspect" if mine else "healthy"),
+                last=iso(host["last_ns"]),  # None: a spare that never reported
                 incidents=[i["id"] for i in mine],
                 categories=sorted({i["category"] for i in mine}),
                 plan=held.get("plan"),
                 step=held.get("step"),
+                spare=spare["status"] if spare else None,
             )
         )
     states = host_states()
@@ -145,6 +163,7 @@ def fleet(
         fleet_findings=[i for i in active if i["rule"] != "job_root_cause"],
         group_by=group_by,
         topology_hosts=len(placements),
+        spares=spares,
     )
 
 

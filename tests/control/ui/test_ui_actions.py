@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from denpex.remediation.spares import Check
 from tests.control.conftest import Api
 from tests.control.ui.plans import (
     DONE_HOST,
@@ -196,7 +197,7 @@ def test_fleet_cells_show_where_remediation_left_each_host(ui: Api) -> None:
     html = ui.client.get("/").text
     assert cells(html)["gpu-a07"] == "draining"
     assert 'id="count-cordoned">1<' in html and 'id="count-draining">1<' in html
-    assert "not tracked yet" in re.search(r'class="state-spare".*?</li>', html, re.S).group(0)
+    assert 'id="count-spare">0<' in html and 'id="count-spare_failed">0<' in html
     only = cells(ui.client.get("/?state=draining").text)
     assert only == {"gpu-a07": "draining"}
 
@@ -259,3 +260,36 @@ def test_a_plan_whose_target_is_no_known_host_is_flagged(ui: Api) -> None:
     for host, plan in plans_by_host(ui).items():
         flagged = "unknown-host" in article(html, plan["id"])
         assert flagged == (host not in {"gpu-a07", DONE_HOST, FAILED_HOST}), host
+
+
+SPARE_CHECKS = [
+    Check("dcgm_diag", ("sh", "-c", "echo diag level 1 on {host}")),
+    Check("ib_ports", ("sh", "-c", "echo {host}: port 1 Active; test {host} != gpu-a09")),
+]
+
+
+def test_fleet_shows_warm_spares_with_their_own_state_and_last_preflight(ui: Api) -> None:
+    ui.runtime.remediation.remediation.spare_checks = SPARE_CHECKS
+    for host, pool in (("gpu-a22", "train"), ("gpu-a09", None)):  # a09 never reported
+        body = {"host": host, "pool": pool, "by": "dana"}
+        added = ui.post("/api/v1/remediation/spares", role="approver", json=body)
+        assert added.status_code == 201, added.text
+    login(ui, role="viewer")
+    html = ui.client.get("/").text
+    assert cells(html)["gpu-a22"] == "spare"  # asked for: a spare already, not checked yet
+    assert 'data-status="requested"' in html and "not run yet" in html
+    run_leader(ui, 1)
+    html = ui.client.get("/").text
+    assert cells(html)["gpu-a22"] == "spare"
+    # no host page for a host that never reported: its cell links to its row of the table
+    assert 'href="#spare-gpu-a09" data-state="spare_failed"' in html
+    assert 'id="count-spare">1<' in html and 'id="count-spare_failed">1<' in html
+    row = re.search(r'<tr id="spare-gpu-a09".*?</tr>', html, re.S).group(0)
+    assert 'data-status="failed"' in row and "· failed" in row
+    assert re.search(r'class="check bad"[^>]*>ib_ports', row)
+    assert "diagnostics" in row  # a failed spare goes to diagnostics
+    row = re.search(r'<tr id="spare-gpu-a22".*?</tr>', html, re.S).group(0)
+    assert 'data-status="validated"' in row and "· passed" in row
+    assert "globex" not in html
+    other = ui.get("/api/v1/remediation/spares", tenant="globex").json()
+    assert other["items"] == []

@@ -20,8 +20,10 @@ from tests.control.ui.live import LiveServer
 from tests.control.ui.plans import DONE_HOST, FAILED_HOST, POLICY, SiteBackend, remediation_jobs
 from tests.control.ui.plans import topology as site_topology
 from tests.control.ui.seed import Seeded, seed
+from tests.control.ui.test_ui_actions import SPARE_CHECKS
 from tests.control.ui.test_ui_browser import Visit, browser  # noqa: F401  (a fixture)
 
+SPARES = {"gpu-a22": "train", "gpu-a09": None}  # gpu-a09 never reported; it fails its preflight
 pytestmark = pytest.mark.slow  # a server, a seeded fleet, one chromium: ≈ 40 s
 
 
@@ -58,7 +60,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     roles = ("operator", "viewer", "approver", "auditor", "admin")
     tokens = {role: mint(url, "acme", role) for role in roles}
     tokens["globex"] = mint(url, "globex", "operator")
-    server = LiveServer(url, backend=SiteBackend(), topology=site_topology()).start()
+    server = LiveServer(url, backend=SiteBackend(), topology=site_topology())
+    server.runtime.remediation.remediation.spare_checks = SPARE_CHECKS
+    server.start()
     try:
         call(server.base, "PUT", "/api/v1/remediation/policy", tokens["admin"], POLICY)
         seeded = seed(
@@ -81,6 +85,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             time.sleep(0.2)
         else:
             raise AssertionError(f"the leader did not derive and run the plans: {statuses}")
+        # two warm spares once the plans ran (no reroute takes them): one fails its preflight
+        for host, pool in SPARES.items():
+            body = {"host": host, "pool": pool, "by": "dana"}
+            call(server.base, "POST", "/api/v1/remediation/spares", tokens["approver"], body)
+        while time.monotonic() < deadline + 30:
+            listed = call(server.base, "GET", "/api/v1/remediation/spares", tokens["viewer"])
+            if all(sp["checked_ns"] for sp in listed["items"]):
+                break
+            time.sleep(0.2)
         yield found
     finally:
         server.stop()
@@ -176,6 +189,40 @@ def test_fleet_cells_show_remediation_states_by_group(visit: Visit, fleet: Fleet
     expect(cordoned.first).to_have_attribute("data-state", "cordoned")
     assert cordoned.count() == int(page.locator("#count-cordoned").inner_text())
     assert FAILED_HOST in " ".join(cordoned.all_inner_texts())
+    assert visit.csp_violations() == []
+
+
+def test_fleet_shows_warm_spares_in_their_own_colour_with_the_last_preflight(
+    visit: Visit, fleet: Fleet
+) -> None:
+    visit.login(fleet.tokens["viewer"])
+    page = visit.page
+    spare = page.locator(".cell[href='/hosts/gpu-a22']")
+    failed = page.locator(".cell[href='#spare-gpu-a09']")
+    healthy = page.locator(".cell.state-healthy").first
+    expect(spare).to_have_attribute("data-state", "spare")
+    expect(failed).to_have_attribute("data-state", "spare_failed")
+
+    def colour(cell: Any) -> str:
+        return cell.evaluate("e => getComputedStyle(e).getPropertyValue('--c').trim()")
+
+    assert len({colour(spare), colour(failed), colour(healthy)}) == 3  # each its own colour
+    expect(page.locator("#count-spare")).to_have_text("1")
+    expect(page.locator("#count-spare_failed")).to_have_text("1")
+    rows = page.locator("table.spares tbody tr")
+    expect(rows).to_have_count(2)
+    a22 = page.locator("#spare-gpu-a22")
+    expect(a22.locator(".pill")).to_have_text("validated")
+    expect(a22.locator(".preflight")).to_contain_text("passed")
+    a09 = page.locator("#spare-gpu-a09")
+    expect(a09.locator(".pill")).to_have_text("failed")
+    expect(a09.locator(".check.bad").first).to_contain_text("ib_ports")
+    expect(a09.locator(".checks")).to_contain_text("diagnostics")
+    failed.click()  # a spare that never reported links to its row
+    page.wait_for_url("**/#spare-gpu-a09")
+    page.select_option("select[name=state]", "spare_failed")  # the filter knows the state
+    page.wait_for_url("**state=spare_failed**")
+    expect(page.locator(".cell")).to_have_count(1)
     assert visit.csp_violations() == []
 
 
