@@ -1,8 +1,8 @@
 """Key management for envelope encryption: a KMS wraps and unwraps data keys under a key it
 keeps (the KEK), rotates that key (new version; old versions still unwrap) and re-wraps a
 data key under the newest version. Backends: a local key file (the default, embedded),
-OpenBao / Vault transit (hvac), AWS KMS (boto3), a PKCS#11 HSM (kms_pkcs11.py). `open_kms(url)`
-picks one from a URL.
+OpenBao / Vault transit (hvac), AWS KMS (boto3), a PKCS#11 HSM (kms_pkcs11.py), Google Cloud
+KMS and Azure Key Vault (kms_cloud.py). `open_kms(url)` picks one from a URL.
 
 It must never return, log or put into an error message a data key or a KEK, and never write
 the local key file readable by anyone but its owner.
@@ -225,7 +225,9 @@ class AwsKms:
 def open_kms(url: str) -> Kms:
     """A KMS from a URL: file:///PATH (local key file), openbao+http://HOST:PORT/KEY (token in
     BAO_TOKEN or VAULT_TOKEN), aws:///ALIAS[?endpoint=URL&region=R], pkcs11:token=T;object=K?
-    module-path=LIB&pin-source=FILE (an HSM, RFC 7512)."""
+    module-path=LIB&pin-source=FILE (an HSM, RFC 7512), gcpkms:///projects/P/locations/L/
+    keyRings/R/cryptoKeys/K[?endpoint=URL] (Application Default Credentials),
+    azurekv://VAULT.vault.azure.net/KEY (DefaultAzureCredential)."""
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if parts.scheme == "file":
@@ -246,7 +248,20 @@ def open_kms(url: str) -> Kms:
         from denpex.enterprise.kms_pkcs11 import Pkcs11Kms
 
         return Pkcs11Kms(url)
-    raise KmsError(f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws:// or pkcs11:")
+    if parts.scheme == "gcpkms":
+        from denpex.enterprise import kms_cloud
+
+        return kms_cloud.GcpKms(
+            (parts.netloc + parts.path).strip("/"), endpoint=query.get("endpoint")
+        )
+    if parts.scheme == "azurekv":
+        from denpex.enterprise import kms_cloud
+
+        return kms_cloud.AzureKeyVaultKms(f"https://{parts.netloc}", parts.path.strip("/"))
+    raise KmsError(
+        f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws://, pkcs11:, gcpkms:// "
+        "or azurekv://"
+    )
 
 
 def _b64(data: bytes) -> str:
