@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -144,6 +145,15 @@ def add_parser(commands) -> None:
         "where the global view is (see denpex/control/residency.py)",
     )
     _kms_option(parser)
+    parser.add_argument(
+        "--credentials",
+        metavar="SOURCE",
+        default=os.environ.get("DENPEX_CREDENTIALS"),
+        help="a Kubernetes secret holding the server's own credentials (keys db-url, "
+        "db-password, oidc-client-secret, bao-token, aws-access-key-id, "
+        "aws-secret-access-key): k8s-volume:///PATH (mounted; re-read on rotation) or "
+        "k8s-secret://NAMESPACE/NAME (the API) (also: DENPEX_CREDENTIALS)",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -224,6 +234,7 @@ def handle(args: argparse.Namespace) -> int:
         from denpex.control.retention import RetentionPolicy
         from denpex.control.server import ServerOptions, serve
         from denpex.enterprise import PolicyError
+        from denpex.enterprise.credentials import CredentialError
     except ImportError as exc:
         raise UsageError(
             f"the server needs its extra dependencies ({exc.name}): pip install 'denpex[server]'"
@@ -233,7 +244,7 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = ServerOptions(
-        url=db_url(args),
+        url=_server_db_url(args),
         host=host,
         port=port,
         lease_s=args.lease,
@@ -256,12 +267,26 @@ def handle(args: argparse.Namespace) -> int:
         jetstream=_jetstream(args.jetstream),
         jetstream_replicas=args.jetstream_replicas,
         residency=_residency(args.region, args.regions),
+        credentials=args.credentials,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
     try:
         return serve(options)
-    except (StoreError, PolicyError) as exc:
+    except (StoreError, PolicyError, CredentialError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _server_db_url(args: argparse.Namespace) -> str:
+    """--db, DENPEX_SERVER_DB, else the credentials secret's db-url, else the default."""
+    if args.db or os.environ.get("DENPEX_SERVER_DB") or not args.credentials:
+        return db_url(args)
+    from denpex.enterprise.credentials import DB_URL, CredentialError, open_source
+
+    try:
+        found = open_source(args.credentials).get(DB_URL)
+    except CredentialError as exc:
+        raise UsageError(f"--credentials: {exc}") from None
+    return found or db_url(args)
 
 
 def _residency(region: str | None, path: str | None):

@@ -38,6 +38,7 @@ from denpex.control.residency import Residency, audit_refusal
 from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.signin_guard import SignInGuard, SignInThrottled
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
 from denpex.control.ui.mfa_routes import add_mfa_api
@@ -68,6 +69,7 @@ class Runtime(Protocol):
     oidc: OidcVerifier | None
     secrets: SecretStore
     residency: Residency | None
+    signins: SignInGuard
 
     def wake_leader(self) -> None: ...
 
@@ -543,6 +545,11 @@ def _error_handlers(app: FastAPI, rt: Runtime) -> None:
     def _auth(_request: Request, exc: AuthError) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="denpex"'} if exc.status == 401 else None
         return _error(exc.status, exc.message, headers)
+
+    @app.exception_handler(SignInThrottled)
+    def _throttled(_request: Request, exc: SignInThrottled) -> JSONResponse:
+        rt.metrics.rejected.labels("429").inc()
+        return _error(429, str(exc), exc.headers)
 
     @app.exception_handler(ingest.IngestError)
     def _ingest(request: Request, exc: ingest.IngestError) -> JSONResponse:

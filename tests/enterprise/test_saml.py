@@ -58,7 +58,7 @@ class Sso:
         return [r for r in map(audit.loads_record, lines) if r["kind"] == kind]
 
 
-def make_sso(tmp_path: Path, sp_signing: tuple[Path, Path] | None = None) -> Sso:
+def make_sso(tmp_path: Path, sp_signing: tuple[Path, Path] | None = None, **options) -> Sso:
     """The server's SP and a pysaml2 IdP that trusts it; with `sp_signing` (key, cert) the SP
     signs its AuthnRequests and the IdP requires that they are."""
     need_saml()
@@ -90,7 +90,7 @@ def make_sso(tmp_path: Path, sp_signing: tuple[Path, Path] | None = None) -> Sso
         },
         base=tmp_path,
     )
-    api = Api(f"sqlite:///{tmp_path / 'control.db'}", saml=config)
+    api = Api(f"sqlite:///{tmp_path / 'control.db'}", saml=config, **options)
     api.client.base_url = BASE
     return Sso(api, idp)
 
