@@ -441,16 +441,24 @@ def handle_revoke(args: argparse.Namespace) -> int:
 
 def handle_rotate(args: argparse.Namespace) -> int:
     from denpex.control.secrets import SecretStore
+    from denpex.control.sensitive import SensitiveEvidence
     from denpex.control.server import kms_url
     from denpex.enterprise import KmsError, open_kms
 
     store = open_store(args)
     secrets = SecretStore(store.db, lambda: open_kms(kms_url(args.kms)))
+    sensitive = SensitiveEvidence(store.db, lambda: secrets.kms)
     try:
-        done = secrets.rotate_and_rewrap(store.tenants(), time.time_ns())
+        tenants = store.tenants()
+        done = secrets.rotate_and_rewrap(tenants, time.time_ns())
+        keys = sensitive.rewrap(tenants, time.time_ns())  # under the key just rotated to
     except KmsError as exc:
         raise UsageError(str(exc)) from None
     finally:
         store.db.dispose()
-    print(f"denpex server rotate-key: rotated; {done} secrets re-wrapped", file=sys.stderr)
+    print(
+        f"denpex server rotate-key: rotated; {done} secrets and {keys} tenant evidence keys "
+        "re-wrapped",
+        file=sys.stderr,
+    )
     return 0

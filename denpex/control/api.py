@@ -38,6 +38,7 @@ from denpex.control.residency import Residency, audit_refusal
 from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sensitive import SensitiveEvidence
 from denpex.control.signin_guard import SignInGuard, SignInThrottled
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
@@ -49,7 +50,9 @@ from denpex.enterprise import (
     OidcVerifier,
     PolicySet,
     Principal,
+    Resource,
     TokenDirectory,
+    authorize,
 )
 
 
@@ -70,6 +73,7 @@ class Runtime(Protocol):
     secrets: SecretStore
     residency: Residency | None
     signins: SignInGuard
+    sensitive: SensitiveEvidence
 
     def wake_leader(self) -> None: ...
 
@@ -440,8 +444,24 @@ def create_app(rt: Runtime) -> FastAPI:
         request: Request,
         who: Annotated[Principal, Depends(principal("evidence:read"))],
         evidence_id: str,
+        reveal: Annotated[
+            bool,
+            Query(description="open a body marked sensitive (needs evidence:read_sensitive)"),
+        ] = False,
     ) -> Response:
-        return _json(request, rt.store.scoped(who).evidence(evidence_id))
+        scoped = rt.store.scoped(who)
+        doc = scoped.evidence(evidence_id)
+        if reveal and doc.get("sensitive"):
+            resource = Resource("evidence", who.tenant)
+            authorize(
+                who, "evidence:read_sensitive", resource, policies=rt.policies, denials=rt.denials
+            )
+            sealed = scoped.sealed_body(evidence_id)
+            if sealed is not None:
+                doc["body"] = rt.sensitive.open_body(who.tenant, evidence_id, sealed)
+                doc["revealed"] = True
+                rt.sensitive.audit_reveal(who, evidence_id)
+        return _json(request, doc)
 
     add_access_routes(app, rt)
     from denpex.control.ui import mount_ui  # the web UI at `/`, through the same auth

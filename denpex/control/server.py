@@ -39,6 +39,7 @@ from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sensitive import SensitiveEvidence
 from denpex.control.signin_guard import SignInGuard
 from denpex.control.sso import StoreSamlLedger
 from denpex.control.store import Fence, Fenced, Store
@@ -147,6 +148,8 @@ class Runtime:
             self.db, lambda: open_kms(kms_url(options.kms_url), credentials=self.credentials)
         )
         self.mfa = MfaStore(self.db, self.secrets)
+        self.sensitive = SensitiveEvidence(self.db, lambda: self.secrets.kms)
+        self.store.sealer = self.sensitive
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)

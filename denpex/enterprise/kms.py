@@ -282,15 +282,13 @@ def open_kms(url: str, credentials: CredentialSource | None = None) -> Kms:
 
         return Pkcs11Kms(url)
     if parts.scheme == "gcpkms":
-        from denpex.enterprise import kms_cloud
+        from denpex.enterprise.kms_cloud import GcpKms
 
-        return kms_cloud.GcpKms(
-            (parts.netloc + parts.path).strip("/"), endpoint=query.get("endpoint")
-        )
+        return GcpKms((parts.netloc + parts.path).strip("/"), endpoint=query.get("endpoint"))
     if parts.scheme == "azurekv":
-        from denpex.enterprise import kms_cloud
+        from denpex.enterprise.kms_cloud import AzureKeyVaultKms
 
-        return kms_cloud.AzureKeyVaultKms(f"https://{parts.netloc}", parts.path.strip("/"))
+        return AzureKeyVaultKms(f"https://{parts.netloc}", parts.path.strip("/"))
     raise KmsError(
         f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws://, pkcs11:, gcpkms:// "
         "or azurekv://"
