@@ -270,10 +270,24 @@ def handle(args: argparse.Namespace) -> int:
         credentials=args.credentials,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
+    if args.credentials:
+        _say_credentials(args.credentials)
     try:
         return serve(options)
     except (StoreError, PolicyError, CredentialError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _say_credentials(spec: str) -> None:
+    """Which secret the server's own credentials come from, and its keys (never a value)."""
+    from denpex.enterprise.credentials import CredentialError, open_source
+
+    try:
+        source = open_source(spec)
+        keys = ", ".join(source.keys()) or "none"
+    except CredentialError as exc:
+        raise UsageError(f"--credentials: {exc}") from None
+    print(f"denpex server: credentials from {source.describe()} (keys: {keys})", file=sys.stderr)
 
 
 def _server_db_url(args: argparse.Namespace) -> str:
@@ -457,7 +471,7 @@ def handle_rotate(args: argparse.Namespace) -> int:
     finally:
         store.db.dispose()
     print(
-        f"denpex server rotate-key: rotated; {done} secrets and {keys} tenant evidence keys "
+        f"denpex server rotate-key: rotated; {done} secrets and {keys} tenant evidence key(s) "
         "re-wrapped",
         file=sys.stderr,
     )

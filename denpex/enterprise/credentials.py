@@ -44,6 +44,10 @@ class CredentialSource(Protocol):
 
     def describe(self) -> str: ...
 
+    def keys(self) -> list[str]:
+        """The keys the secret holds now (names only)."""
+        ...
+
 
 def _check_key(key: str) -> None:
     if not KEY.match(key) or key.startswith(".."):
@@ -66,6 +70,9 @@ class MountedSecret:
 
     def describe(self) -> str:
         return f"the secret volume at {self.path}"
+
+    def keys(self) -> list[str]:
+        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith("."))
 
     def version(self) -> str:
         """Which copy of the secret the volume shows: the `..data` link's target (a plain
@@ -130,6 +137,11 @@ class KubeSecret:
 
     def describe(self) -> str:
         return f"the Kubernetes secret {self.namespace}/{self.name}"
+
+    def keys(self) -> list[str]:
+        self.get("db-url")  # fetched (or fresh enough) as a read would
+        with self._lock:
+            return sorted(self._data)
 
     def _core(self) -> Any:
         if self._api is None:

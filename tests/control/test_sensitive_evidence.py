@@ -128,7 +128,7 @@ def test_each_tenant_has_its_own_key_and_rotation_rewraps_it(api: Api, tmp_path:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "2 tenant evidence keys re-wrapped" in out.stderr
+    assert "2 tenant evidence key(s) re-wrapped" in out.stderr
     assert {sealer.key_ref("acme"), sealer.key_ref("globex")} == {"v2"}
     sealer._keys.clear()  # forget the unwrapped keys: they come from the new wrap now
     for tenant in ("acme", "globex"):
