@@ -41,7 +41,8 @@ class SignInThrottled(Exception):
 
 def source_of(client_host: str | None) -> str:
     """The source a refusal counts against: the client's address as the server sees it
-    (behind a proxy, run uvicorn with --proxy-headers so it is the real client's)."""
+    (behind a reverse proxy, FORWARDED_ALLOW_IPS names the proxy, so uvicorn gives the
+    client's own address from X-Forwarded-For)."""
     return client_host or "unknown"
 
 
