@@ -80,7 +80,7 @@ def add_mfa_routes(
     async def mfa_verify(request: Request, _: Annotated[None, public]) -> Response:
         fields = await form_of(request)
         session, found = owing(request)
-        source, account = client_source(request), f"{found.kind}:{found.label}"
+        source, account = client_source(request), found.label
         throttle_check(rt, source, account)  # a code guesser waits out the window
         now = time.time_ns()
         how = rt.mfa.verify(found.tenant, mfa_subject(rt, found), fields.get("code", ""), now)
