@@ -87,24 +87,26 @@ class MountedSecret:
 
     def get(self, key: str) -> str | None:
         _check_key(key)
-        for _ in range(3):  # a read racing the kubelet's swap finds the old folder gone: again
+        for _ in range(20):  # each try reads one copy; a copy deleted under us: the next one
             version = self.version()
             with self._lock:
                 hit = self._cache.get(key)
             if hit is not None and hit[0] == version:
                 return hit[1]
+            linked = (self.path / DATA_LINK).is_symlink()
+            # read inside the copy `..data` named, so the value belongs to that version
+            file = self.path / version / key if linked else self.path / key
             try:
-                value: str | None = (self.path / key).read_text().rstrip("\n")
+                value: str | None = file.read_text().rstrip("\n")
             except FileNotFoundError:
-                if self.version() != version:
+                if linked and self.version() != version:
+                    time.sleep(0.001)  # swapped, and the old copy is being removed: again
                     continue
-                value = None
+                value = None  # the current copy has no such key
             except OSError as exc:
                 raise CredentialError(
                     f"{self.describe()}: cannot read key {key!r} ({exc.strerror})"
                 ) from None
-            if self.version() != version:
-                continue  # swapped while reading: the value may be the old one
             with self._lock:
                 self._cache[key] = (version, value)
             return value
