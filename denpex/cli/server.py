@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -160,6 +161,15 @@ def add_parser(commands) -> None:
         "endpoint; credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) (also: "
         "DENPEX_OBJECTS)",
     )
+    parser.add_argument(
+        "--credentials",
+        metavar="SOURCE",
+        default=os.environ.get("DENPEX_CREDENTIALS"),
+        help="a Kubernetes secret holding the server's own credentials (keys db-url, "
+        "db-password, oidc-client-secret, bao-token, aws-access-key-id, "
+        "aws-secret-access-key): k8s-volume:///PATH (mounted; re-read on rotation) or "
+        "k8s-secret://NAMESPACE/NAME (the API) (also: DENPEX_CREDENTIALS)",
+    )
     parser.set_defaults(handler=handle)
     sub = parser.add_subparsers(dest="server_command", metavar="SUBCOMMAND")
     token = sub.add_parser(
@@ -241,6 +251,7 @@ def handle(args: argparse.Namespace) -> int:
         from denpex.control.retention import RetentionPolicy
         from denpex.control.server import ServerOptions, serve
         from denpex.enterprise import PolicyError
+        from denpex.enterprise.credentials import CredentialError
     except ImportError as exc:
         raise UsageError(
             f"the server needs its extra dependencies ({exc.name}): pip install 'denpex[server]'"
@@ -250,7 +261,7 @@ def handle(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = ServerOptions(
-        url=db_url(args),
+        url=_server_db_url(args),
         host=host,
         port=port,
         lease_s=args.lease,
@@ -275,12 +286,40 @@ def handle(args: argparse.Namespace) -> int:
         jetstream=_jetstream(args.jetstream),
         jetstream_replicas=args.jetstream_replicas,
         residency=_residency(args.region, args.regions),
+        credentials=args.credentials,
     )
     print(f"denpex server: {options.url.split('@')[-1]} on http://{host}:{port}", file=sys.stderr)
+    if args.credentials:
+        _say_credentials(args.credentials)
     try:
         return serve(options)
-    except (StoreError, PolicyError, ObjectError) as exc:
+    except (StoreError, PolicyError, ObjectError, CredentialError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _say_credentials(spec: str) -> None:
+    """Which secret the server's own credentials come from, and its keys (never a value)."""
+    from denpex.enterprise.credentials import CredentialError, open_source
+
+    try:
+        source = open_source(spec)
+        keys = ", ".join(source.keys()) or "none"
+    except CredentialError as exc:
+        raise UsageError(f"--credentials: {exc}") from None
+    print(f"denpex server: credentials from {source.describe()} (keys: {keys})", file=sys.stderr)
+
+
+def _server_db_url(args: argparse.Namespace) -> str:
+    """--db, DENPEX_SERVER_DB, else the credentials secret's db-url, else the default."""
+    if args.db or os.environ.get("DENPEX_SERVER_DB") or not args.credentials:
+        return db_url(args)
+    from denpex.enterprise.credentials import DB_URL, CredentialError, open_source
+
+    try:
+        found = open_source(args.credentials).get(DB_URL)
+    except CredentialError as exc:
+        raise UsageError(f"--credentials: {exc}") from None
+    return found or db_url(args)
 
 
 def _residency(region: str | None, path: str | None):
@@ -454,16 +493,24 @@ def handle_revoke(args: argparse.Namespace) -> int:
 
 def handle_rotate(args: argparse.Namespace) -> int:
     from denpex.control.secrets import SecretStore
+    from denpex.control.sensitive import SensitiveEvidence
     from denpex.control.server import kms_url
     from denpex.enterprise import KmsError, open_kms
 
     store = open_store(args)
     secrets = SecretStore(store.db, lambda: open_kms(kms_url(args.kms)))
+    sensitive = SensitiveEvidence(store.db, lambda: secrets.kms)
     try:
-        done = secrets.rotate_and_rewrap(store.tenants(), time.time_ns())
+        tenants = store.tenants()
+        done = secrets.rotate_and_rewrap(tenants, time.time_ns())
+        keys = sensitive.rewrap(tenants, time.time_ns())  # under the key just rotated to
     except KmsError as exc:
         raise UsageError(str(exc)) from None
     finally:
         store.db.dispose()
-    print(f"denpex server rotate-key: rotated; {done} secrets re-wrapped", file=sys.stderr)
+    print(
+        f"denpex server rotate-key: rotated; {done} secrets and {keys} tenant evidence key(s) "
+        "re-wrapped",
+        file=sys.stderr,
+    )
     return 0

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from denpex.control.denials import DenialStore
 from denpex.control.secrets import MAX_VALUE, SecretStore
+from denpex.control.signin_guard import SignInGuard, account_of, bearer_of, source_of
 from denpex.control.store import NotFound, decode_cursor, encode_cursor
 from denpex.enterprise import (
     ANONYMOUS,
@@ -39,6 +40,7 @@ class AccessRuntime(Protocol):
     denials: DenialStore
     oidc: OidcVerifier | None
     secrets: SecretStore
+    signins: SignInGuard
 
 
 class Decides:
@@ -64,7 +66,23 @@ class Decides:
         if self.public:
             self.decide_public()
             return None
-        return self.decide(request, authenticate(request.headers, self.rt.tokens, self.rt.oidc))
+        credential = bearer_of(request.headers)
+        if not credential:  # no sign-in attempt: a plain 401, not counted
+            return self.decide(request, authenticate(request.headers, self.rt.tokens, self.rt.oidc))
+        source = source_of(request.client.host if request.client else None)
+        account = account_of(credential)
+        self.rt.signins.check(source, account)  # SignInThrottled: 429 before any check
+        try:
+            found = authenticate(request.headers, self.rt.tokens, self.rt.oidc)
+        except AuthError as exc:
+            if exc.status == 401:
+                self.rt.signins.refused("api", source, account, self._tenant_of(account))
+            raise
+        return self.decide(request, found)
+
+    def _tenant_of(self, account: str | None) -> str | None:
+        record = self.rt.tokens.find_token(account[6:]) if account else None
+        return record.tenant if record is not None else None
 
     def decide_public(self) -> None:
         """No principal: the route serves no tenant's data."""

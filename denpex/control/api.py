@@ -40,6 +40,8 @@ from denpex.control.residency import Residency, audit_refusal
 from denpex.control.scim_routes import add_scim_routes
 from denpex.control.secrets import SecretError, SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sensitive import SensitiveEvidence
+from denpex.control.signin_guard import SignInGuard, SignInThrottled
 from denpex.control.store import Conflict, NotFound, Page, Store, decode_cursor
 from denpex.control.timefmt import parse_time_param
 from denpex.control.ui.mfa_routes import add_mfa_api
@@ -50,7 +52,9 @@ from denpex.enterprise import (
     OidcVerifier,
     PolicySet,
     Principal,
+    Resource,
     TokenDirectory,
+    authorize,
 )
 
 
@@ -71,6 +75,8 @@ class Runtime(Protocol):
     secrets: SecretStore
     residency: Residency | None
     objects: ObjectStore
+    signins: SignInGuard
+    sensitive: SensitiveEvidence
 
     def wake_leader(self) -> None: ...
 
@@ -445,8 +451,24 @@ def create_app(rt: Runtime) -> FastAPI:
         request: Request,
         who: Annotated[Principal, Depends(principal("evidence:read"))],
         evidence_id: str,
+        reveal: Annotated[
+            bool,
+            Query(description="open a body marked sensitive (needs evidence:read_sensitive)"),
+        ] = False,
     ) -> Response:
-        return _json(request, rt.store.scoped(who).evidence(evidence_id))
+        scoped = rt.store.scoped(who)
+        doc = scoped.evidence(evidence_id)
+        if reveal and doc.get("sensitive"):
+            resource = Resource("evidence", who.tenant)
+            authorize(
+                who, "evidence:read_sensitive", resource, policies=rt.policies, denials=rt.denials
+            )
+            sealed = scoped.sealed_body(evidence_id)
+            if sealed is not None:
+                doc["body"] = rt.sensitive.open_body(who.tenant, evidence_id, sealed)
+                doc["revealed"] = True
+                rt.sensitive.audit_reveal(who, evidence_id)
+        return _json(request, doc)
 
     add_access_routes(app, rt)
     from denpex.control.ui import mount_ui  # the web UI at `/`, through the same auth
@@ -550,6 +572,11 @@ def _error_handlers(app: FastAPI, rt: Runtime) -> None:
     def _auth(_request: Request, exc: AuthError) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="denpex"'} if exc.status == 401 else None
         return _error(exc.status, exc.message, headers)
+
+    @app.exception_handler(SignInThrottled)
+    def _throttled(_request: Request, exc: SignInThrottled) -> JSONResponse:
+        rt.metrics.rejected.labels("429").inc()
+        return _error(429, str(exc), exc.headers)
 
     @app.exception_handler(ingest.IngestError)
     def _ingest(request: Request, exc: ingest.IngestError) -> JSONResponse:

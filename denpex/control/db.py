@@ -7,6 +7,8 @@ A tenant transaction in PostgreSQL runs as the role `denpex_tenant` (it owns not
 no BYPASSRLS) with `denpex.tenant` set for that transaction only, so row-level security
 filters every statement a second time, behind the application's own `WHERE tenant = …`.
 It must never hand out a connection on which tenant data is visible without a tenant bound.
+A `password` source (a Kubernetes secret, denpex.enterprise.credentials) is asked at every
+new connection, so a rotated database password is used from the next connection on.
 """
 
 from __future__ import annotations
@@ -49,10 +51,23 @@ def normalise_url(url: str) -> str:
 class Database:
     """One engine and its dialect; thread-safe (a connection pool)."""
 
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 8,
+        password: Callable[[], str | None] | None = None,
+    ) -> None:
         self.url = normalise_url(url)
         self.dialect = "postgresql" if self.url.startswith("postgresql") else "sqlite"
         self.engine = self._engine(pool_size)
+        if password is not None and self.postgres:
+
+            @sa.event.listens_for(self.engine, "do_connect")
+            def _current_password(_dialect: Any, _record: Any, _args: Any, params: Any) -> None:
+                value = password()
+                if value:
+                    params["password"] = value
 
     @property
     def postgres(self) -> bool:

@@ -85,6 +85,38 @@ class IdentityAudit:
             self.failed_writes += 1
             log.error("could not record a refused sign-in: %s", type(exc).__name__)
 
+    def login_throttled(
+        self,
+        method: str,
+        now_ns: int,
+        *,
+        scope: str,
+        subject: str,
+        refusals: int,
+        window_s: float,
+        tenant: str | None = None,
+    ) -> None:
+        """A source (address) or account (token id) reached its limit of refused sign-ins:
+        one record per window; further tries are answered 429 without one each."""
+        try:
+            self._append(
+                None,
+                ts_ns=now_ns,
+                kind="login.throttled",
+                actor=subject,
+                tenant=tenant,
+                subject=subject,
+                result={
+                    "method": method,
+                    "scope": scope,
+                    "refusals": refusals,
+                    "window_s": window_s,
+                },
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            self.failed_writes += 1
+            log.error("could not record a throttled sign-in: %s", type(exc).__name__)
+
     def logout(self, principal: Principal, now_ns: int, *, revoked: bool = False) -> None:
         self._append(
             None,

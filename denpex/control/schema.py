@@ -198,6 +198,17 @@ secrets = sa.Table(
     sa.Column("updated_ns", sa.BigInteger, nullable=False),
 )
 
+tenant_keys = sa.Table(  # migration 0013: a tenant's data keys, only ever wrapped by the KMS
+    "tenant_keys",
+    metadata,
+    sa.Column("tenant", sa.Text, primary_key=True),
+    sa.Column("purpose", sa.Text, primary_key=True),  # "evidence": sensitive evidence bodies
+    sa.Column("wrapped", sa.Text, nullable=False),  # envelope.wrapped_text
+    sa.Column("key_ref", sa.Text, nullable=False),  # the KEK (version) it is wrapped under
+    sa.Column("created_ns", sa.BigInteger, nullable=False),
+    sa.Column("rewrapped_ns", sa.BigInteger),
+)
+
 server_secrets = sa.Table(  # shared by every replica; never tenant data, never in a page
     "server_secrets",
     metadata,
@@ -234,6 +245,7 @@ TENANT_TABLES = (
     "mfa_recovery",
     "mfa_webauthn",
     "tenant_settings",
+    "tenant_keys",
 )
 
 # --- remediation and the audit log (migration 0005): system tables, filtered by

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ from denpex.control.residency import Residency, claim_region
 from denpex.control.retention import RetentionPolicy, apply_retention, ensure_partitions
 from denpex.control.secrets import SecretStore
 from denpex.control.selfmetrics import ServerMetrics
+from denpex.control.sensitive import SensitiveEvidence
+from denpex.control.signin_guard import SignInGuard
 from denpex.control.similar import index_incidents
 from denpex.control.sso import StoreSamlLedger
 from denpex.control.store import Fence, Fenced, Store, TenantStore
@@ -53,8 +55,10 @@ from denpex.enterprise import (
     load_policies,
     open_kms,
 )
+from denpex.enterprise.credentials import DB_PASSWORD, open_source
 from denpex.enterprise.oidc import Mapping_
 from denpex.enterprise.saml import SamlConfig, SamlServiceProvider
+from denpex.enterprise.signin_limits import SignInLimits
 from denpex.remediation.notify import Notifier
 
 log = logging.getLogger("denpex.server")
@@ -88,6 +92,8 @@ class ServerOptions:
     jetstream_replicas: int = 3
     jetstream_ack_wait_s: float = 30.0
     residency: Residency | None = None  # --region: this region's hosts and resident tenants
+    signin_limits: SignInLimits | None = None  # None: the packaged signin_limits.yaml
+    credentials: str | None = None  # k8s-volume:///PATH | k8s-secret://NS/NAME: own secrets
 
 
 def kms_url(url: str | None) -> str:
@@ -140,22 +146,28 @@ class Runtime:
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.policies = load_policies(options.policy_dir)  # before the store: fail fast
-        self.db = Database(options.url)
+        self.credentials = open_source(options.credentials) if options.credentials else None
+        self.db = Database(options.url, password=self._credential_reader(DB_PASSWORD))
         self.schema_revision = self.db.migrate()
         self.store = Store(self.db)
         self.denials = DenialStore(self.db)
         self.oidc = OidcVerifier(options.oidc) if options.oidc is not None else None
         self.identity = IdentityAudit(self.db)
+        self.signins = SignInGuard(options.signin_limits or SignInLimits.load(), self.identity)
         if options.oidc is not None:
             self.identity.sync_mappings("oidc", options.oidc.rules_by_tenant(), time.time_ns())
         self.saml: SamlServiceProvider | None = None
         if options.saml is not None:
             self.saml = SamlServiceProvider(options.saml, StoreSamlLedger(self.db))
             self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
-        self.secrets = SecretStore(self.db, lambda: open_kms(kms_url(options.kms_url)))
+        self.secrets = SecretStore(
+            self.db, lambda: open_kms(kms_url(options.kms_url), credentials=self.credentials)
+        )
         self.mfa = MfaStore(self.db, self.secrets)
         self.objects: ObjectStore = open_objects(objects_url(options.objects_url))
         self.objects.backend.check()  # fail fast: a missing bucket is a start-up error
+        self.sensitive = SensitiveEvidence(self.db, lambda: self.secrets.kms)
+        self.store.sealer = self.sensitive
         self.metrics = ServerMetrics()
         self.tokens: TokenDirectory = CachedTokens(self.store, options.token_cache_s)
         self.quotas = Quotas(options.quotas)
@@ -208,6 +220,14 @@ class Runtime:
         self.fleet_rules = options.fleet_rules or load_fleet_rules()
         self.windows: dict[str, FleetWindow] = {}  # tenant → its history, this epoch's
         self._tick_lock = threading.Lock()
+
+    def _credential_reader(self, key: str) -> Callable[[], str | None] | None:
+        source = self.credentials
+        return None if source is None else (lambda: source.get(key))
+
+    def credential(self, key: str) -> str | None:
+        """The server's own credential `key` from its secret source, as it is now."""
+        return None if self.credentials is None else self.credentials.get(key)
 
     def identity_rules(self) -> list[Mapping_]:
         """Every identity-provider mapping rule (SAML's, then OIDC's): group → tenant, role."""

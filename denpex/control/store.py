@@ -9,10 +9,11 @@ failure stores nothing. It must never build SQL from request text (parameters on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -23,9 +24,10 @@ from denpex.control import audit_log
 from denpex.control import schema as s
 from denpex.control.db import Database
 from denpex.control.ingest import LogBatch, Report
+from denpex.control.sensitive import WITHHELD
 from denpex.control.timefmt import iso
 from denpex.core import jsonio
-from denpex.enterprise import Principal, TokenRecord, is_authentic
+from denpex.enterprise import Principal, TokenRecord, envelope, is_authentic
 
 _EVIDENCE_COLUMNS = [c.name for c in s.evidence.columns]
 HISTORY_LINKS = 20  # incidents and jobs shown in a host's history
@@ -55,9 +57,16 @@ class Page:
     next_cursor: str | None
 
 
+class RowSealer(Protocol):
+    """Seals the sensitive evidence bodies of a tenant's rows (denpex.control.sensitive)."""
+
+    def seal_rows(self, tenant: str, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]: ...
+
+
 class Store:
     def __init__(self, db: Database) -> None:
         self.db = db
+        self.sealer: RowSealer | None = None  # the server sets it; None: bodies as they come
         params = ", ".join(["?" if not db.postgres else "%s"] * len(_EVIDENCE_COLUMNS))
         columns = ", ".join(_EVIDENCE_COLUMNS)
         if db.postgres:
@@ -265,9 +274,18 @@ class TenantStore:
 
     # --- ingest ----------------------------------------------------------------------------
 
+    def _sealed(self, batch: LogBatch) -> LogBatch:
+        """The batch with its sensitive bodies sealed (denpex.control.sensitive), before any
+        write transaction opens (making the tenant's data key takes one of its own)."""
+        sealer = self._store.sealer
+        if sealer is None or not batch.rows:
+            return batch
+        return LogBatch(sealer.seal_rows(self.tenant, batch.rows), batch.hosts)
+
     def add_evidence(self, batch: LogBatch) -> int:
         """Store a batch in one transaction; returns how many rows were new (the others were
         already stored under their event id: a redelivery)."""
+        batch = self._sealed(batch)
         with self._write() as conn:
             return self._insert_batch(conn, batch)
 
@@ -300,6 +318,7 @@ class TenantStore:
 
     def add_report(self, report: Report, received_ns: int) -> bool:
         """Store a report and its evidence in one transaction; False when its id is stored."""
+        report = dataclasses.replace(report, evidence=self._sealed(report.evidence))
         try:
             return self._add_report(report, received_ns)
         except sa.exc.IntegrityError:
@@ -387,6 +406,18 @@ class TenantStore:
         if row is None:
             raise NotFound(f"no evidence {evidence_id!r}")
         return evidence_dict(row)
+
+    def sealed_body(self, evidence_id: str) -> str | None:
+        """The stored body of a sensitive evidence row, still sealed; None when the row is
+        not sensitive (NotFound when there is no such row)."""
+        t = s.evidence
+        with self._read() as conn:
+            body = conn.execute(
+                sa.select(t.c.body).where(t.c.tenant == self.tenant, t.c.id == evidence_id)
+            ).scalar()
+        if body is None:
+            raise NotFound(f"no evidence {evidence_id!r}")
+        return body if envelope.is_sealed_value(body) else None
 
     def list_evidence(
         self,
@@ -899,7 +930,8 @@ def evidence_dict(row: Any) -> dict[str, Any]:
     (_tenant, id_, ts_ns, received_ns, host, job, rank, pid, source, kind, signature,
      category, severity, summary, action, body, attrs) = row  # fmt: skip
     extra = jsonio.loads(attrs)
-    return {
+    sealed = envelope.is_sealed_value(body)
+    out = {
         "id": id_,
         "ts_ns": ts_ns,  # 0: the source gave no time
         "ts": iso(ts_ns),
@@ -915,10 +947,13 @@ def evidence_dict(row: Any) -> dict[str, Any]:
         "severity": severity,
         "summary": summary,
         "action": action,
-        "body": body,
+        "body": WITHHELD if sealed else body,
         "attrs": extra.get("attrs", {}),
         "captures": extra.get("captures", {}),
     }
+    if sealed:
+        out["sensitive"] = True  # the body is sealed at rest (denpex.control.sensitive)
+    return out
 
 
 def report_dict(row: Any, *, full: bool) -> dict[str, Any]:

@@ -83,3 +83,42 @@ def rewrap(kms: Kms, text: str, context: dict[str, str]) -> str:
     return json.dumps(
         {**doc, "kms": fresh.kms, "key_ref": fresh.key_ref, "wrapped": _b64(fresh.blob)}
     )
+
+
+# --- one data key for many values (a tenant's sensitive evidence bodies) -------------------
+
+BODY_PREFIX = "denpex.sealed-body/v1:"
+
+
+def wrapped_text(wrapped: WrappedKey) -> str:
+    """A wrapped data key as stored text (which KMS, which KEK version, the blob)."""
+    return json.dumps({"kms": wrapped.kms, "key_ref": wrapped.key_ref, "blob": _b64(wrapped.blob)})
+
+
+def wrapped_of(text: str) -> WrappedKey:
+    try:
+        doc = json.loads(text)
+        return WrappedKey(str(doc["kms"]), str(doc["key_ref"]), base64.b64decode(doc["blob"]))
+    except (ValueError, KeyError, TypeError):
+        raise KmsError("not a wrapped data key of this denpex") from None
+
+
+def seal_value(data_key: bytes, plaintext: bytes, context: dict[str, str]) -> str:
+    """`plaintext` sealed under a data key the caller holds (AES-256-GCM, the context as
+    associated data), as text that says it is sealed."""
+    nonce = secrets.token_bytes(12)
+    return BODY_PREFIX + _b64(nonce + AESGCM(data_key).encrypt(nonce, plaintext, _aad(context)))
+
+
+def is_sealed_value(text: str) -> bool:
+    return text.startswith(BODY_PREFIX)
+
+
+def open_value(data_key: bytes, text: str, context: dict[str, str]) -> bytes:
+    if not is_sealed_value(text):
+        raise KmsError("not a sealed value of this denpex")
+    try:
+        raw = base64.b64decode(text[len(BODY_PREFIX) :])
+        return AESGCM(data_key).decrypt(raw[:12], raw[12:], _aad(context))
+    except (InvalidTag, ValueError):
+        raise KmsError("the sealed value does not open under this key and context") from None

@@ -1,8 +1,8 @@
 """Key management for envelope encryption: a KMS wraps and unwraps data keys under a key it
 keeps (the KEK), rotates that key (new version; old versions still unwrap) and re-wraps a
 data key under the newest version. Backends: a local key file (the default, embedded),
-OpenBao / Vault transit (hvac), AWS KMS (boto3), a PKCS#11 HSM (kms_pkcs11.py). `open_kms(url)`
-picks one from a URL.
+OpenBao / Vault transit (hvac), AWS KMS (boto3), a PKCS#11 HSM (kms_pkcs11.py), Google Cloud
+KMS and Azure Key Vault (kms_cloud.py). `open_kms(url)` picks one from a URL.
 
 It must never return, log or put into an error message a data key or a KEK, and never write
 the local key file readable by anyone but its owner.
@@ -22,6 +22,12 @@ from urllib.parse import parse_qs, urlsplit
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from denpex.enterprise.credentials import (
+    AWS_ACCESS_KEY_ID,
+    AWS_SECRET_ACCESS_KEY,
+    BAO_TOKEN,
+    CredentialSource,
+)
 from denpex.enterprise.kms_types import Kms, KmsError, WrappedKey
 from denpex.enterprise.kms_types import aad as _aad
 
@@ -164,12 +170,24 @@ class AwsKms:
     name = "aws"
 
     def __init__(
-        self, alias: str, *, endpoint_url: str | None = None, region: str = "us-east-1"
+        self,
+        alias: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
     ) -> None:
         import boto3
 
         self.alias = alias if alias.startswith("alias/") else f"alias/{alias}"
-        self.client = boto3.client("kms", endpoint_url=endpoint_url, region_name=region)
+        self.client = boto3.client(
+            "kms",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+        )
         try:
             try:
                 self.client.describe_key(KeyId=self.alias)
@@ -222,31 +240,59 @@ class AwsKms:
         return WrappedKey(self.name, str(out["KeyId"]), bytes(out["CiphertextBlob"]))
 
 
-def open_kms(url: str) -> Kms:
+def open_kms(url: str, credentials: CredentialSource | None = None) -> Kms:
     """A KMS from a URL: file:///PATH (local key file), openbao+http://HOST:PORT/KEY (token in
     BAO_TOKEN or VAULT_TOKEN), aws:///ALIAS[?endpoint=URL&region=R], pkcs11:token=T;object=K?
-    module-path=LIB&pin-source=FILE (an HSM, RFC 7512)."""
+    module-path=LIB&pin-source=FILE (an HSM, RFC 7512), gcpkms:///projects/P/locations/L/
+    keyRings/R/cryptoKeys/K[?endpoint=URL] (Application Default Credentials),
+    azurekv://VAULT.vault.azure.net/KEY (DefaultAzureCredential). `credentials` (the server's
+    Kubernetes secret) gives the OpenBao token and the AWS keys when the environment does not."""
     parts = urlsplit(url)
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if parts.scheme == "file":
         return LocalKeyFile(parts.path)
     if parts.scheme in ("openbao+http", "openbao+https", "vault+http", "vault+https"):
         token = os.environ.get("BAO_TOKEN") or os.environ.get("VAULT_TOKEN")
+        if not token and credentials is not None:
+            token = credentials.get(BAO_TOKEN)
         if not token:
-            raise KmsError("the OpenBao KMS needs a token in BAO_TOKEN (or VAULT_TOKEN)")
+            raise KmsError(
+                "the OpenBao KMS needs a token in BAO_TOKEN (or VAULT_TOKEN), or the key "
+                f"{BAO_TOKEN!r} in the server's credentials secret"
+            )
         base = f"{parts.scheme.split('+')[1]}://{parts.netloc}"
         return OpenBaoTransit(base, token, parts.path.strip("/"), query.get("mount", "transit"))
     if parts.scheme == "aws":
+        keys: dict[str, str] = {}
+        if credentials is not None and not os.environ.get("AWS_ACCESS_KEY_ID"):
+            key_id, secret = (
+                credentials.get(AWS_ACCESS_KEY_ID),
+                credentials.get(AWS_SECRET_ACCESS_KEY),
+            )
+            if key_id and secret:
+                keys = {"aws_access_key_id": key_id, "aws_secret_access_key": secret}
         return AwsKms(
             parts.path.strip("/"),
             endpoint_url=query.get("endpoint"),
             region=query.get("region", "us-east-1"),
+            **keys,
         )
     if parts.scheme == "pkcs11":
         from denpex.enterprise.kms_pkcs11 import Pkcs11Kms
 
         return Pkcs11Kms(url)
-    raise KmsError(f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws:// or pkcs11:")
+    if parts.scheme == "gcpkms":
+        from denpex.enterprise.kms_cloud import GcpKms
+
+        return GcpKms((parts.netloc + parts.path).strip("/"), endpoint=query.get("endpoint"))
+    if parts.scheme == "azurekv":
+        from denpex.enterprise.kms_cloud import AzureKeyVaultKms
+
+        return AzureKeyVaultKms(f"https://{parts.netloc}", parts.path.strip("/"))
+    raise KmsError(
+        f"KMS URL {url!r}: expected file://, openbao+http(s)://, aws://, pkcs11:, gcpkms:// "
+        "or azurekv://"
+    )
 
 
 def _b64(data: bytes) -> str:

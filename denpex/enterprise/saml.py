@@ -1,19 +1,21 @@
 """SAML 2.0 service provider (python3-saml over xmlsec1): the SP's metadata, the AuthnRequest
-sent to the IdP by HTTP-Redirect, and the check of the Response the browser POSTs back:
+sent to the IdP by HTTP-Redirect (signed with the SP's key when one is configured, so an IdP
+that requires signed requests accepts it), and the check of the Response the browser POSTs back:
 signatures (the Response and its one Assertion, against the IdP's certificate), issuer,
 audience, destination and recipient, NotBefore/NotOnOrAfter, InResponseTo (a request this SP
 issued and has not seen answered) and replay (each assertion id once); then the assertion's
 groups attribute is mapped to a tenant and role by the same rules as OIDC.
 
 It must never accept an unsigned, unsolicited, replayed or expired assertion, nor one meant
-for another SP, and never say which check failed to the browser (the reason goes to the log).
+for another SP, never say which check failed to the browser (the reason goes to the log), and
+never show the SP's private key (not in a repr, an error or the metadata).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -69,6 +71,12 @@ class SamlConfig:
     want_response_signed: bool = True  # the Assertion must always be signed; this adds the Response
     request_ttl_s: int = 600  # how long an AuthnRequest may wait for its answer
     session_s: int = 12 * 3600  # the UI session a SAML sign-in opens
+    sp_cert: str | None = None  # PEM: the SP's signing certificate (in its metadata)
+    sp_key: str | None = field(default=None, repr=False)  # PEM: signs the AuthnRequests
+
+    @property
+    def signs_requests(self) -> bool:
+        return self.sp_key is not None
 
     @property
     def acs_url(self) -> str:
@@ -104,6 +112,7 @@ class SamlConfig:
                 want_response_signed=bool(raw.get("want_response_signed", True)),
                 request_ttl_s=int(raw.get("request_ttl_s", 600)),
                 session_s=int(raw.get("session_s", 12 * 3600)),
+                **_sp_signing(sp, where, base or Path.cwd()),
             )
         except (KeyError, TypeError) as exc:
             raise SamlConfigError(f"{where}: missing or malformed {exc}") from None
@@ -112,6 +121,27 @@ class SamlConfig:
         if urlsplit(config.base_url).scheme not in ("http", "https"):
             raise SamlConfigError(f"{where}: sp.base_url must be an http(s) URL")
         return config
+
+
+def _sp_signing(sp: Mapping[str, Any], where: str, base: Path) -> dict[str, str]:
+    """The SP's signing key and certificate from `sp.key_file` and `sp.cert_file` (PEM), both
+    or neither; the key's text is never part of an error."""
+    names = [n for n in ("key_file", "cert_file") if sp.get(n)]
+    if not names:
+        return {}
+    if len(names) == 1:
+        raise SamlConfigError(f"{where}: sp.key_file and sp.cert_file go together")
+    found = {}
+    for name, out in (("key_file", "sp_key"), ("cert_file", "sp_cert")):
+        try:
+            found[out] = (base / str(sp[name])).read_text()
+        except OSError as exc:
+            raise SamlConfigError(f"{where}: sp.{name}: {exc.strerror}") from None
+    if "PRIVATE KEY-----" not in found["sp_key"]:
+        raise SamlConfigError(f"{where}: sp.key_file is not a PEM private key")
+    if "BEGIN CERTIFICATE-----" not in found["sp_cert"]:
+        raise SamlConfigError(f"{where}: sp.cert_file is not a PEM certificate")
+    return found
 
 
 def _idp_settings(raw: Mapping[str, Any], where: str, base: Path) -> dict[str, Any]:
@@ -153,8 +183,10 @@ def _settings_of(settings: dict[str, Any], *, sp_only: bool) -> Any:
         raise SamlConfigError(f"the SAML settings are not usable: {exc}") from None
 
 
-def _sp_settings(entity_id: str, acs_url: str) -> dict[str, Any]:
-    return {
+def _sp_settings(
+    entity_id: str, acs_url: str, cert: str | None = None, key: str | None = None
+) -> dict[str, Any]:
+    sp: dict[str, Any] = {
         "entityId": entity_id,
         "assertionConsumerService": {
             "url": acs_url,
@@ -162,12 +194,28 @@ def _sp_settings(entity_id: str, acs_url: str) -> dict[str, Any]:
         },
         "NameIDFormat": "urn:oasis:names:tc:SAML:1.1:nameid-format:unspecified",
     }
+    if cert is not None:
+        sp["x509cert"] = cert
+    if key is not None:
+        sp["privateKey"] = key
+    return sp
 
 
-def sp_metadata(entity_id: str, base_url: str) -> str:
-    """The SP's metadata XML (what an IdP is given to trust this server), validated."""
-    sp = _sp_settings(entity_id, base_url.rstrip("/") + ACS_PATH)
-    settings = _settings_of({"sp": sp}, sp_only=True)
+SIGNING = {
+    "signatureAlgorithm": "http://www.w3.org/2001/04/xmldsig-more#rsa-sha256",
+    "digestAlgorithm": "http://www.w3.org/2001/04/xmlenc#sha256",
+}
+
+
+def sp_metadata(
+    entity_id: str, base_url: str, cert: str | None = None, key: str | None = None
+) -> str:
+    """The SP's metadata XML (what an IdP is given to trust this server), validated; with
+    the signing certificate and key (python3-saml checks they are both there; the key is not
+    part of the metadata), it names the certificate and says AuthnRequestsSigned="true"."""
+    sp = _sp_settings(entity_id, base_url.rstrip("/") + ACS_PATH, cert, key)
+    security = {"authnRequestsSigned": key is not None, **SIGNING}
+    settings = _settings_of({"sp": sp, "security": security}, sp_only=True)
     xml = settings.get_sp_metadata()
     errors = settings.validate_metadata(xml)
     if errors:
@@ -202,9 +250,11 @@ class SamlServiceProvider:
         return {
             "strict": True,
             "debug": False,
-            "sp": _sp_settings(c.sp_entity_id, c.acs_url),
+            "sp": _sp_settings(c.sp_entity_id, c.acs_url, c.sp_cert, c.sp_key),
             "idp": dict(c.idp),
             "security": {
+                "authnRequestsSigned": c.signs_requests,
+                **SIGNING,
                 "wantAssertionsSigned": True,
                 "wantMessagesSigned": c.want_response_signed,
                 "wantAttributeStatement": False,
@@ -214,7 +264,8 @@ class SamlServiceProvider:
         }
 
     def metadata(self) -> str:
-        return sp_metadata(self.config.sp_entity_id, self.config.base_url)
+        c = self.config
+        return sp_metadata(c.sp_entity_id, c.base_url, c.sp_cert, c.sp_key)
 
     def login_url(self, relay_state: str = "") -> str:
         """The IdP URL to send the browser to, with a fresh AuthnRequest (remembered)."""
@@ -229,6 +280,13 @@ class SamlServiceProvider:
         params = {"SAMLRequest": request.get_request()}
         if relay_state:
             params["RelayState"] = relay_state
+        if self.config.signs_requests:
+            # the HTTP-Redirect binding signs the query (SAMLRequest, RelayState, SigAlg)
+            from onelogin.saml2.auth import OneLogin_Saml2_Auth
+
+            OneLogin_Saml2_Auth(self._request_data(), self.settings).add_request_signature(
+                params, SIGNING["signatureAlgorithm"]
+            )
         url = self.config.idp["singleSignOnService"]["url"]
         return str(OneLogin_Saml2_Utils.redirect(url, params))
 

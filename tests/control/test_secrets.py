@@ -2,7 +2,10 @@
 other KMS backends are tested in tests/enterprise/test_kms.py), listed by name only, rotated
 and re-wrapped by `denpex server rotate-key` while the server serves, and never seen again:
 every output of the run (responses and their headers, /metrics, errors, the denial log, the
-server's log, the CLI's output) and the store's own bytes are searched for the seeded values."""
+server's log, the CLI's output) and the store's own bytes are searched for the seeded values.
+The same search covers the server's own credentials (a Kubernetes secret volume it is given
+with --credentials), an evidence body marked sensitive, and the bad tokens of a sign-in flood
+that gets throttled."""
 
 from __future__ import annotations
 
@@ -10,18 +13,29 @@ import random
 import secrets as random_secrets
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from tests.control.conftest import ServerProcess, mint
+from tests.control.helpers import evidence, logs_body
+from tests.enterprise.kube_volume import SecretVolume
 
 
 def test_secrets_never_leave_the_server(tmp_path: Path, server_processes):
     db_file = tmp_path / "control.db"
     url = f"sqlite:///{db_file}"
     kms = f"file://{tmp_path / 'kek.json'}"
-    server = ServerProcess(url, tmp_path / "server.log", "--kms", kms).start()
+    own = {
+        key: f"{key}-{random_secrets.token_urlsafe(18)}"
+        for key in ("db-password", "oidc-client-secret", "bao-token")
+    }
+    volume = SecretVolume(tmp_path / "credentials")
+    volume.write(own)
+    server = ServerProcess(
+        url, tmp_path / "server.log", "--kms", kms, "--credentials", f"k8s-volume://{volume.path}"
+    ).start()
     server_processes.append(server)
     seed = random.randrange(1 << 30)
     print(f"seed={seed}")
@@ -78,18 +92,49 @@ def test_secrets_never_leave_the_server(tmp_path: Path, server_processes):
             ).status_code
             == 403
         )
+        # an evidence body marked sensitive: sealed at rest, withheld from a viewer
+        sensitive = f"sens-{random_secrets.token_urlsafe(18)}"
+        item = evidence(1, prefix="sensitive")[0]
+        event = replace(item.event, body=f"password={sensitive}", attrs={"denpex.sensitive": True})
+        operator = {"Authorization": f"Bearer {mint(url, 'acme', 'operator')}"}
+        ingest = {**operator, "Content-Type": "application/x-protobuf"}
+        body = logs_body([replace(item, event=event)])
+        assert record(client.post("/v1/logs", content=body, headers=ingest)).status_code == 200
+        path = f"/api/v1/evidence/{item.id}"
+        assert record(client.get(path, headers=viewer)).json().get("sensitive") is True
+        assert record(client.get(f"{path}?reveal=true", headers=viewer)).status_code == 403
+        seeded.append(sensitive)
+        # a flood of bad tokens from another address: refused, then throttled (the packaged
+        # limit, 20 a minute); none of them is ever repeated
+        flood = [
+            f"dpx_{random_secrets.token_hex(8)}_{random_secrets.token_urlsafe(24)}"
+            for _ in range(25)
+        ]
+        elsewhere = httpx.HTTPTransport(local_address="127.0.0.2")
+        with httpx.Client(base_url=server.base, timeout=30, transport=elsewhere) as attacker:
+            statuses = [
+                record(
+                    attacker.get("/api/v1/incidents", headers={"Authorization": f"Bearer {bad}"})
+                ).status_code
+                for bad in flood
+            ]
+        assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
+        seeded += [bad.rsplit("_", 1)[1] for bad in flood]  # the secret part of each
         listed = record(client.get("/api/v1/secrets", headers=admin)).json()["items"]
         assert [s["name"] for s in listed] == ["hook-0", "hook-1", "hook-2"]
         for path in ("/metrics", "/healthz", "/openapi.json"):
             record(client.get(path))
-        assert len(record(client.get("/api/v1/denials", headers=auditor)).json()["items"]) == 2
+        assert len(record(client.get("/api/v1/denials", headers=auditor)).json()["items"]) == 3
         rotated = subprocess.run(
             [sys.executable, "-m", "denpex", "server", "rotate-key", "--db", url, "--kms", kms],
             capture_output=True,
             text=True,
         )
         outputs.append(rotated.stdout + rotated.stderr)
-        assert rotated.returncode == 0 and "3 secrets re-wrapped" in rotated.stderr
+        assert (
+            rotated.returncode == 0
+            and "3 secrets and 1 tenant evidence key(s) re-wrapped" in rotated.stderr
+        )
         after = record(client.get("/api/v1/secrets", headers=admin)).json()["items"]
         assert {s["key_ref"] for s in after} == {"v2"}
         # the running server keeps sealing (under the new key) without a restart
@@ -108,13 +153,22 @@ def test_secrets_never_leave_the_server(tmp_path: Path, server_processes):
     try:
         store = SecretStore(db, lambda: open_kms(kms))
         assert [store.reveal("acme", f"hook-{i}") for i in range(3)] == [
-            f"https://hooks.test/services/{v}" for v in seeded
+            f"https://hooks.test/services/{v}" for v in seeded[:3]
         ]
         assert store.reveal("globex", "hook-0") is None
     finally:
         db.dispose()
     server.stop()
     outputs.append(server.log.read_text())
+    assert "keys: bao-token, db-password, oidc-client-secret" in outputs[-1]  # names only
+    audit_lines = subprocess.run(
+        [sys.executable, "-m", "denpex", "audit", "export", "--db", url],
+        capture_output=True,
+        text=True,
+    )
+    outputs.append(audit_lines.stdout + audit_lines.stderr)
+    assert "login.throttled" in audit_lines.stdout, audit_lines.stderr[-500:]
+    seeded += list(own.values())
     stored = b"".join(p.read_bytes() for p in tmp_path.glob("control.db*"))
     everything = "\n".join(outputs)
     for value in seeded:

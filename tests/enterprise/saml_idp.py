@@ -61,6 +61,7 @@ class IdentityProvider:
         *sp_metadata: str,
         name: str = "idp",
         entity_id: str | None = None,
+        want_signed_requests: bool = False,
     ) -> None:
         from saml2 import BINDING_HTTP_REDIRECT
         from saml2.config import IdPConfig
@@ -93,6 +94,8 @@ class IdentityProvider:
                             }
                         },
                         "name_id_format": [NAMEID_FORMAT_EMAILADDRESS],
+                        # verified against the signing certificate in the SP's metadata
+                        "want_authn_requests_signed": want_signed_requests,
                     }
                 },
                 "key_file": str(self.key),
@@ -117,15 +120,26 @@ class IdentityProvider:
         saml_request: str,
         relay_state: str,
         parse_with: IdentityProvider | None = None,
+        sig_alg: str | None = None,
+        signature: str | None = None,
         **overrides: Any,
     ) -> dict[str, str]:
         """The ACS URL and the form fields (SAMLResponse, RelayState) for the current user
-        (`parse_with`: the IdP the request was sent to, when another one answers it)."""
+        (`parse_with`: the IdP the request was sent to, when another one answers it;
+        `sig_alg` and `signature`: the HTTP-Redirect binding's signature of the request).
+        Raises pysaml2's IncorrectlySigned when the IdP wants signed requests and this one
+        is not."""
         from saml2 import BINDING_HTTP_REDIRECT
         from saml2.saml import NAMEID_FORMAT_EMAILADDRESS, NameID
 
         parser = (parse_with or self).server
-        request = parser.parse_authn_request(saml_request, BINDING_HTTP_REDIRECT).message
+        request = parser.parse_authn_request(
+            saml_request,
+            BINDING_HTTP_REDIRECT,
+            relay_state=relay_state or None,
+            sigalg=sig_alg,
+            signature=signature,
+        ).message
         options: dict[str, Any] = {
             "identity": self.users[self.user],
             "in_response_to": request.id,
@@ -161,7 +175,18 @@ class IdentityProvider:
                 if url.path == "/metadata":
                     self._reply(200, idp.metadata(), "application/samlmetadata+xml")
                 elif url.path == "/sso/redirect" and idp.user in idp.users:
-                    form = idp.answer(query["SAMLRequest"], query.get("RelayState", ""))
+                    from saml2.response import IncorrectlySigned
+
+                    try:
+                        form = idp.answer(
+                            query["SAMLRequest"],
+                            query.get("RelayState", ""),
+                            sig_alg=query.get("SigAlg"),
+                            signature=query.get("Signature"),
+                        )
+                    except IncorrectlySigned as exc:
+                        self._reply(403, f"AuthnRequest refused: {exc}", "text/plain")
+                        return
                     inputs = "".join(
                         f'<input type="hidden" name="{k}" value="{html.escape(v)}">'
                         for k, v in form.items()

@@ -20,7 +20,16 @@ import pytest
 
 from denpex.enterprise import envelope
 from denpex.enterprise.kms import AwsKms, KmsError, LocalKeyFile, OpenBaoTransit, open_kms
+from denpex.enterprise.kms_cloud import AzureKeyVaultKms, GcpKms
 from tests.control.pg import free_port
+from tests.enterprise.cloud_kms_server import (
+    GCP_TOKEN,
+    AzureFixture,
+    FixtureAzureCredential,
+    FixtureServer,
+    GcpFixture,
+    make_loopback_cert,
+)
 from tests.enterprise.softhsm import Token, make_token
 
 
@@ -102,8 +111,48 @@ def hsm_token(tmp_path_factory) -> Token:
     return make_token(tmp_path_factory.mktemp("softhsm"))
 
 
-@pytest.fixture(params=["local", "openbao", "aws", "pkcs11"])
+@pytest.fixture(scope="module")
+def gcp_fixture() -> Iterator[tuple[GcpFixture, str]]:
+    fixture = GcpFixture()
+    with FixtureServer(fixture) as server:
+        yield fixture, server.url
+
+
+@pytest.fixture(scope="module")
+def azure_fixture(tmp_path_factory) -> Iterator[tuple[AzureFixture, str, Path]]:
+    cert = make_loopback_cert(tmp_path_factory.mktemp("azure-tls"))
+    fixture = AzureFixture()
+    with FixtureServer(fixture, cert) as server:
+        fixture.base = server.url
+        yield fixture, server.url, cert[0]
+
+
+def gcp_kms(gcp_fixture: tuple[GcpFixture, str], key: str | None = None) -> GcpKms:
+    from google.oauth2.credentials import Credentials
+
+    fixture, url = gcp_fixture
+    name = key or fixture.add_key(
+        f"projects/denpex-test/locations/global/keyRings/denpex/cryptoKeys/k-{os.urandom(4).hex()}"
+    )
+    return GcpKms(name, endpoint=url, credentials=Credentials(token=GCP_TOKEN))
+
+
+def azure_kms(azure_fixture, key: str | None = None, **options) -> AzureKeyVaultKms:
+    fixture, url, ca = azure_fixture
+    name = key or fixture.add_key(f"k-{os.urandom(4).hex()}")
+    options.setdefault("credential", FixtureAzureCredential())
+    # the vault's challenge names https://vault.azure.net, which is not this loopback host
+    return AzureKeyVaultKms(
+        url, name, connection_verify=str(ca), verify_challenge_resource=False, **options
+    )
+
+
+@pytest.fixture(params=["local", "openbao", "aws", "pkcs11", "gcp", "azure"])
 def kms(request, tmp_path):
+    if request.param == "gcp":
+        return gcp_kms(request.getfixturevalue("gcp_fixture"))
+    if request.param == "azure":
+        return azure_kms(request.getfixturevalue("azure_fixture"))
     if request.param == "local":
         return LocalKeyFile(tmp_path / "kek.json")
     if request.param == "pkcs11":
@@ -206,7 +255,7 @@ def test_kms_urls(tmp_path, bao, moto, monkeypatch):
     aws_kms = open_kms(f"aws:///denpex-url?endpoint={moto}")
     assert isinstance(aws_kms, AwsKms) and aws_kms.alias == "alias/denpex-url"
     with pytest.raises(KmsError, match="expected"):
-        open_kms("gcpkms://x")
+        open_kms("azure://x")
     monkeypatch.delenv("BAO_TOKEN")
     monkeypatch.delenv("VAULT_TOKEN", raising=False)
     with pytest.raises(KmsError, match="BAO_TOKEN"):

@@ -58,20 +58,30 @@ class Sso:
         return [r for r in map(audit.loads_record, lines) if r["kind"] == kind]
 
 
-@pytest.fixture
-def sso(tmp_path: Path) -> Iterator[Sso]:
+def make_sso(tmp_path: Path, sp_signing: tuple[Path, Path] | None = None, **options) -> Sso:
+    """The server's SP and a pysaml2 IdP that trusts it; with `sp_signing` (key, cert) the SP
+    signs its AuthnRequests and the IdP requires that they are."""
     need_saml()
+    key, cert = (p.read_text() for p in sp_signing) if sp_signing else (None, None)
     other_sp = sp_metadata(OTHER_SP, "https://other.test")  # an SP the IdP also serves
-    idp = IdentityProvider(tmp_path, sp_metadata(SP_ID, BASE), other_sp).start()
+    idp = IdentityProvider(
+        tmp_path,
+        sp_metadata(SP_ID, BASE, cert, key),
+        other_sp,
+        want_signed_requests=cert is not None,
+    ).start()
     idp.users = {
         ALICE: {"mail": [ALICE], "groups": ["sre"]},
         "mallory@corp.test": {"mail": ["mallory@corp.test"], "groups": ["contractors"]},
     }
     idp.user = ALICE
     (tmp_path / "idp-metadata.xml").write_text(idp.metadata())
+    sp: dict[str, str] = {"entity_id": SP_ID, "base_url": BASE}
+    if sp_signing:
+        sp.update(key_file=sp_signing[0].name, cert_file=sp_signing[1].name)
     config = SamlConfig.from_dict(
         {
-            "sp": {"entity_id": SP_ID, "base_url": BASE},
+            "sp": sp,
             "idp": {"metadata_file": "idp-metadata.xml"},
             "mappings": [
                 {"group": "sre", "tenant": "acme", "role": "operator"},
@@ -80,13 +90,19 @@ def sso(tmp_path: Path) -> Iterator[Sso]:
         },
         base=tmp_path,
     )
-    api = Api(f"sqlite:///{tmp_path / 'control.db'}", saml=config)
+    api = Api(f"sqlite:///{tmp_path / 'control.db'}", saml=config, **options)
     api.client.base_url = BASE
+    return Sso(api, idp)
+
+
+@pytest.fixture
+def sso(tmp_path: Path) -> Iterator[Sso]:
+    made = make_sso(tmp_path)
     try:
-        yield Sso(api, idp)
+        yield made
     finally:
-        api.close()
-        idp.stop()
+        made.api.close()
+        made.idp.stop()
 
 
 def csrf_of(page: str) -> str:

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel
 
 from denpex.control.access import Decides
-from denpex.control.ui.session import Session, UiError, new_session
+from denpex.control.ui.session import Session, UiError, client_source, new_session, throttle_check
 from denpex.enterprise import AuthError, Principal, authenticate
 from denpex.enterprise.mfa import MfaError, provisioning_uri
 
@@ -80,11 +80,14 @@ def add_mfa_routes(
     async def mfa_verify(request: Request, _: Annotated[None, public]) -> Response:
         fields = await form_of(request)
         session, found = owing(request)
+        source, account = client_source(request), found.label
+        throttle_check(rt, source, account)  # a code guesser waits out the window
         now = time.time_ns()
         how = rt.mfa.verify(found.tenant, mfa_subject(rt, found), fields.get("code", ""), now)
         target = safe_next(fields.get("next", "/"))
         if how is None:
             rt.identity.login_failed("totp", now, subject=found.label, tenant=found.tenant)
+            rt.signins.refused("totp", source, account, found.tenant)
             message = "That code was not accepted."
             return page(request, "mfa_code.html", session, None, 401, next=target,
                         message=message)  # fmt: skip

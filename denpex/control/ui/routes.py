@@ -23,6 +23,7 @@ from markupsafe import Markup
 from denpex import __version__
 from denpex.control.access import allows
 from denpex.control.remediation_store import RemediationStore
+from denpex.control.signin_guard import account_of
 from denpex.control.spare_store import SpareStore
 from denpex.control.store import Conflict, NotFound, decode_cursor
 from denpex.control.timefmt import iso
@@ -41,7 +42,9 @@ from denpex.control.ui.session import (
     SessionCodec,
     UiError,
     check_csrf,
+    client_source,
     new_session,
+    throttle_check,
 )
 from denpex.control.ui.session import safe_next as _safe_next
 from denpex.control.ui.sso import add_sso_routes, sso_name
@@ -173,7 +176,9 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
 
     @app.exception_handler(UiError)
     def _ui_error(request: Request, exc: UiError) -> Response:
-        return error(request, exc.status, exc.message)
+        response = error(request, exc.status, exc.message)
+        response.headers.update(exc.headers)
+        return response
 
     def error(request: Request, status: int, message: str) -> HTMLResponse:
         session = session_of(request) or new_session()
@@ -211,11 +216,16 @@ def mount_ui(app: FastAPI, rt: Any) -> None:
         fields = await form_of(request)
         token = fields.get("token", "").strip()
         target = _safe_next(fields.get("next", "/"))
+        source, account = client_source(request), account_of(token)
+        if token:
+            throttle_check(rt, source, account)
         try:
             found = authenticate({"authorization": f"Bearer {token}"}, rt.tokens, rt.oidc)
         except AuthError:
             method = "oidc" if rt.oidc is not None and looks_like_jwt(token) else "token"
             rt.identity.login_failed(method, time.time_ns(), credential=token, directory=rt.tokens)
+            if token:
+                rt.signins.refused(method, source, account)
             session = session_of(request) or new_session()
             message = "That token was not accepted: check it, or ask an admin for a new one."
             return page(

@@ -22,6 +22,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from fastapi import Request
 
 from denpex.control.access import AccessRuntime, Decides
+from denpex.control.signin_guard import SignInThrottled, source_of
 from denpex.control.store import Store
 from denpex.core import jsonio
 from denpex.enterprise import AuthError, Principal, authenticate
@@ -50,10 +51,11 @@ class CsrfRefused(Exception):
 class UiError(Exception):
     """An error page: its status and the sentence it shows."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,3 +183,17 @@ def safe_next(target: str) -> str:
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
         return "/"
     return target
+
+
+def client_source(request: Request) -> str:
+    """The address a refused sign-in counts against (denpex.control.signin_guard)."""
+    return source_of(request.client.host if request.client else None)
+
+
+def throttle_check(rt: Any, source: str, account: str | None = None) -> None:
+    """UiError 429 (with Retry-After) when the source or account has had too many refused
+    sign-ins: the credential is not even looked at."""
+    try:
+        rt.signins.check(source, account)
+    except SignInThrottled as exc:
+        raise UiError(429, str(exc), exc.headers) from None

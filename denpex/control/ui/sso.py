@@ -23,8 +23,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 
 from denpex.control.ui.action_routes import PageKit
-from denpex.control.ui.session import SessionCodec, UiError, new_session, safe_next
+from denpex.control.ui.session import (
+    SessionCodec,
+    UiError,
+    client_source,
+    new_session,
+    safe_next,
+    throttle_check,
+)
 from denpex.enterprise.auth import Principal
+from denpex.enterprise.credentials import OIDC_CLIENT_SECRET
 from denpex.enterprise.oidc import OidcError, OidcVerifier
 from denpex.enterprise.oidc_login import pkce_pair, token_request
 
@@ -124,14 +132,18 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
     ) -> Response:
         verifier = _verifier(rt)
         config = verifier.config
+        source = client_source(request)
+        throttle_check(rt, source)  # a flood of forged callbacks waits; nothing is checked
         pending = codec.open_data(request.cookies.get(PENDING_COOKIE), PENDING_TTL_S)
         if pending is None:
+            rt.signins.refused("oidc", source)
             return refused(
                 request, 400, "That sign-in expired or was not started here: start again."
             )
         next_path = str(pending.get("next") or "/")
         if not state or not hmac.compare_digest(state.encode(), str(pending["state"]).encode()):
             log.warning("single sign-on: a callback with another state was refused")
+            rt.signins.refused("oidc", source)
             return refused(
                 request,
                 400,
@@ -141,6 +153,7 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
             )
         if iss and iss.rstrip("/") != config.issuer:  # RFC 9207: an answer from another provider
             log.warning("single sign-on: a callback from issuer %r was refused", iss)
+            rt.signins.refused("oidc", source)
             return refused(
                 request, 400, "That sign-in answer came from another provider: refused.", next_path
             )
@@ -157,7 +170,8 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
         }
         if config.login_resource:
             form["resource"] = config.login_resource
-        secret = config.web_client_secret
+        # the server's credentials secret first: a rotated client secret is used at once
+        secret = rt.credential(OIDC_CLIENT_SECRET) or config.web_client_secret
         try:
             doc = verifier.discovery.document()
             tokens = token_request(
@@ -171,6 +185,7 @@ def add_sso_routes(app: FastAPI, rt: Any, kit: PageKit, codec: SessionCodec) -> 
         except (OidcError, KeyError) as exc:
             log.warning("single sign-on refused: %s", exc)
             rt.identity.login_failed("oidc", time.time_ns())
+            rt.signins.refused("oidc", source)
             return refused(
                 request,
                 403,

@@ -22,7 +22,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from denpex.control.scim import user_role
 from denpex.control.sso import open_session_token
-from denpex.control.ui.session import Session, UiError, new_session
+from denpex.control.ui.session import (
+    Session,
+    UiError,
+    client_source,
+    new_session,
+    throttle_check,
+)
 from denpex.enterprise import AuthError, authenticate
 from denpex.enterprise.saml import SamlError, SamlServiceProvider
 
@@ -54,6 +60,8 @@ def add_sso_routes(
     @app.post("/saml/acs", include_in_schema=False)
     async def saml_acs(request: Request, _: Annotated[None, public]) -> Response:
         sp = provider()
+        source = client_source(request)
+        throttle_check(rt, source)
         body = await request.body()
         if len(body) > MAX_ACS_BYTES:
             raise UiError(413, "SAML response too large")
@@ -71,6 +79,7 @@ def add_sso_routes(
         except SamlError as exc:
             log.info("SAML sign-in refused: %s", exc)
             rt.identity.login_failed("saml", now)
+            rt.signins.refused("saml", source)
             raise UiError(401, "The identity provider's answer was not accepted.") from None
         owner = f"saml:{identity.name_id}"
         token = open_session_token(rt.store, tenant, role, owner, now, sp.config.session_s, "saml")

@@ -137,3 +137,30 @@ def test_a_tenant_that_requires_a_factor_sends_people_to_enrol_first(ui: Api) ->
     assert ui.client.get("/jobs").status_code == 200
     # the API is not a sign-in: bearer tokens owe no second factor
     assert ui.client.get("/api/v1/incidents", headers=viewer).status_code == 200
+
+
+def test_a_code_guesser_is_throttled_per_account(tmp_path: Path) -> None:
+    from denpex.enterprise.signin_limits import Limit, SignInLimits
+
+    limits = SignInLimits(per_source=Limit(50, 60), per_account=Limit(3, 300))
+    ui = Api(f"sqlite:///{tmp_path / 'guess.db'}", signin_limits=limits)
+    try:
+        sign_in(ui)
+        secret, _ = enrol(ui)
+        sign_in(ui)
+        form = ui.client.get("/login/mfa?next=/jobs")
+        csrf = csrf_of(form.text)
+        guesses = [
+            ui.client.post("/login/mfa", data={"csrf": csrf, "code": f"{n:06d}"}).status_code
+            for n in range(8)
+        ]
+        assert guesses[:3] == [401] * 3 and set(guesses[3:]) == {429}
+        # the right code waits too: the account is held for the window
+        code = pyotp.TOTP(secret).at(time.time() + 30)
+        held = ui.client.post("/login/mfa", data={"csrf": csrf, "code": code})
+        assert held.status_code == 429 and "Retry-After" in held.headers
+        [throttled] = kinds(ui, "login.throttled")
+        assert throttled["result"]["scope"] == "account" and throttled["result"]["method"] == "totp"
+        assert len(kinds(ui, "login.failed")) == 3
+    finally:
+        ui.close()

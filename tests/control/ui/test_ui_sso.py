@@ -139,3 +139,29 @@ def test_without_a_web_client_there_is_no_button(tmp_path: Path, provider: Provi
         OidcConfig.from_dict(
             {"issuer": raw.issuer, "audiences": ["x"], "web": {"client_id": "denpex-web"}}
         )
+
+
+def test_a_flood_of_forged_callbacks_is_throttled(tmp_path: Path, provider: Provider) -> None:
+    from denpex.control import audit_log
+    from denpex.core import audit
+    from denpex.enterprise.signin_limits import Limit, SignInLimits
+
+    limits = SignInLimits(per_source=Limit(5, 60), per_account=Limit(3, 300))
+    app = Api(f"sqlite:///{tmp_path / 'flood.db'}", oidc=web_config(provider), signin_limits=limits)
+    try:
+        statuses = [
+            app.client.get(
+                f"/login/oidc/callback?state=forged-{n}&code=x", follow_redirects=False
+            ).status_code
+            for n in range(12)
+        ]
+        assert statuses[:5] == [400] * 5 and set(statuses[5:]) == {429}
+        # a genuine answer from the provider waits out the window too: nothing is checked
+        held = back(app, sign_in(start(app), "alice", CALLBACK))
+        assert held.status_code == 429 and "Retry-After" in held.headers
+        records = [audit.loads_record(line) for line in audit_log.export_lines(app.runtime.db)]
+        throttled = [r for r in records if r["kind"] == "login.throttled"]
+        assert len(throttled) == 1 and throttled[0]["result"]["method"] == "oidc"
+        assert not [r for r in records if r["kind"] == "login.succeeded"]
+    finally:
+        app.close()
