@@ -10,8 +10,11 @@ Runs only read-only discovery tools, each under a timeout and rarely (a full
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,7 +30,7 @@ from denpex.fabric.neighbours.ibdiags import (
     parse_ibnetdiscover,
     switch_name,
 )
-from denpex.fabric.neighbours.lldp import LldpNeighbour, parse_lldp_neighbors
+from denpex.fabric.neighbours.lldp import LldpNeighbour, parse_lldp_neighbors, switch_port
 from denpex.fabric.neighbours.model import SOURCES, PortPeer
 from denpex.fabric.roce.collector import port_netdev
 from denpex.fabric.ufm.collector import normalise_guid
@@ -101,7 +104,7 @@ def lldp_peers(neighbours: list[LldpNeighbour], ports: list[LocalPort]) -> list[
         found[mine.key] = PortPeer(
             port=mine.key,
             switch=name,
-            switch_port=neighbour.port_id or neighbour.port_descr,
+            switch_port=switch_port(neighbour),
             switch_id=neighbour.chassis_id,
             via="lldp",
         )
@@ -178,24 +181,33 @@ class NeighboursCollector(FabricCollector):
         return self._blind
 
     def _run(self, tool: str, command: list[str]) -> str | None:
-        """The tool's output, or None (and a failure counted and said) when it failed."""
+        """The tool's output, or None (and a failure counted and said) when it failed. A
+        tool past its timeout is killed with its whole process group (a wrapper script's
+        children too), so a hung sweep never outlives the poll."""
         timeout = float(self.options["timeout_s"])
         try:
-            done = subprocess.run(
+            child = subprocess.Popen(
                 command,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 stdin=subprocess.DEVNULL,
+                text=True,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired:
-            why = f"timed out after {timeout:g} s"
         except OSError as exc:
-            why = f"cannot run {command[0]}: {exc.strerror}"
-        else:
-            if done.returncode == 0:
-                return done.stdout
-            why = f"exit {done.returncode}: {done.stderr.strip()[:200]}"
+            return self._failed(tool, f"cannot run {command[0]}: {exc.strerror}")
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            return self._failed(tool, f"timed out after {timeout:g} s")
+        if child.returncode != 0:
+            return self._failed(tool, f"exit {child.returncode}: {stderr.strip()[:200]}")
+        return stdout
+
+    def _failed(self, tool: str, why: str) -> None:
         self.failures[tool] = self.failures.get(tool, 0) + 1
         self._blind = f"neighbours: {tool} {why}"
         return None

@@ -18,6 +18,7 @@ class LldpNeighbour:
     chassis_name: str | None  # SysName
     chassis_id: str | None  # ChassisID value (a MAC, usually)
     port_id: str | None  # PortID value: the switch's interface name when its type is ifname
+    port_id_type: str | None  # ifname, local, mac …
     port_descr: str | None
     via: str  # LLDP, CDPv2, EDP … (lldpd speaks several)
 
@@ -78,11 +79,21 @@ def _neighbour(interface: str, entry: Mapping[str, Any]) -> LldpNeighbour:
         # the json form keys a named chassis by its name: {"chassis": {"sw1": {"id": …}}}
         name, chassis = next(iter(chassis.items()))
     port = _first(entry.get("port")) or {}
+    port_id = _first(port.get("id"))
     return LldpNeighbour(
         interface=interface,
         chassis_name=name,
         chassis_id=_text(chassis.get("id")) if isinstance(chassis, Mapping) else None,
-        port_id=_text(port.get("id")),
+        port_id=_text(port_id),
+        port_id_type=str(port_id.get("type")) if isinstance(port_id, Mapping) else None,
         port_descr=_text(port.get("descr")),
         via=str(_first(entry.get("via")) or "LLDP"),
     )
+
+
+def switch_port(neighbour: LldpNeighbour) -> str | None:
+    """The switch's name for the port: its PortID when that is an interface name, else its
+    description (a PortID that is a MAC names no port a switch operator would know)."""
+    if neighbour.port_id and neighbour.port_id_type in ("ifname", "local", None):
+        return neighbour.port_id
+    return neighbour.port_descr or neighbour.port_id
