@@ -195,22 +195,24 @@ class NeighboursCollector(FabricCollector):
                 start_new_session=True,
             )
         except OSError as exc:
-            return self._failed(tool, f"cannot run {command[0]}: {exc.strerror}")
+            self._failed(tool, f"cannot run {command[0]}: {exc.strerror}")
+            return None
         try:
             stdout, stderr = child.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
             child.communicate()
-            return self._failed(tool, f"timed out after {timeout:g} s")
+            self._failed(tool, f"timed out after {timeout:g} s")
+            return None
         if child.returncode != 0:
-            return self._failed(tool, f"exit {child.returncode}: {stderr.strip()[:200]}")
+            self._failed(tool, f"exit {child.returncode}: {stderr.strip()[:200]}")
+            return None
         return stdout
 
     def _failed(self, tool: str, why: str) -> None:
         self.failures[tool] = self.failures.get(tool, 0) + 1
         self._blind = f"neighbours: {tool} {why}"
-        return None
 
     def collect(self, ctx: CollectContext) -> list[Observation]:
         ports = local_ports(ctx.roots)
