@@ -99,7 +99,7 @@ def test_site_file_then_ufm_then_the_neighbours_and_each_says_who_won() -> None:
     merged, conflicts = merge_topology(site, ufm, found)
     h1 = merged["h1"]
     assert (h1.rack, h1.switch) == ("r1", "leaf-ufm")
-    assert h1.rails == {"0000:18:00.0": "site-rail0", "0000:2a:00.0": "leaf-lldp"}
+    assert h1.rails == {"0000:18:00.0": "site-rail0", "0000:2a:00.0": "rail0"}  # its one leaf
     assert h1.ports == {"mlx5_0/1": "leaf-lldp"}
     assert h1.sources == {
         "rack": "site topology",
@@ -178,3 +178,23 @@ def test_failures_behind_one_rail_switch_found_only_through_neighbours(api) -> N
     # the neighbours say which rail switch each port reaches: one incident, that switch
     ship(peers=True)
     assert shared({}) == [("rail", "su0-rail3")]
+
+
+def test_a_host_on_one_leaf_keeps_nccls_rails_not_a_second_name_for_its_switch() -> None:
+    rows = [
+        ("h1", NAMES["port"], {"port": f"mlx5_{g}/1", "switch": "leaf-2", "via": "lldp"}, 5, 1.0)
+        for g in range(8)
+    ] + [
+        (
+            "h1",
+            NAMES["rail"],
+            {"gpu": f"0000:{b}:00.0", "nic": f"mlx5_{g}/1", "rail": str(g)},
+            5,
+            1.0,
+        )
+        for g, b in enumerate(GPU_BUSES)
+    ]
+    _, found = fabric_placements(rows, NAMES)
+    assert found["h1"].switch == "leaf-2"
+    assert found["h1"].rails["0000:4c:00.0"] == "rail3"
+    assert found["h1"].sources["rails"] == "the NCCL topology"

@@ -3,8 +3,10 @@ for merge_topology: UFM's (the leaf switch its HCAs reach, `host_placement`) and
 agent's own discovery (each GPU's NIC port and rail from the NCCL topology, `host_rail`;
 each port's peer switch from ibnetdiscover / iblinkinfo / LLDP, `host_port_peer`).
 
-A GPU's rail is the switch its NIC port is cabled to where the neighbours know it (on a
-rail-optimised fabric, the rail switch), else NCCL's rail index ("rail3"). Pure: the
+A GPU's rail is the switch its NIC port is cabled to where the neighbours know it and it is
+not the host's one leaf switch (on a rail-optimised fabric: the rail switch), else NCCL's
+rail index ("rail3"): a fabric whose hosts hang off one leaf each has no rail component
+apart from that switch. Pure: the
 store's newest points in, placements out.
 """
 
@@ -69,21 +71,7 @@ def _discovered(
     host: str, ports: list[Mapping[str, object]], rails: list[Mapping[str, object]]
 ) -> Placement | None:
     peers = {str(p["port"]): str(p["switch"]) for p in ports if p.get("port") and p.get("switch")}
-    vias = sorted({str(p.get("via") or "neighbours") for p in ports})
-    via = "+".join(vias) if vias else ""
-    gpu_rails: dict[str, str] = {}
-    by_switch = 0
-    for row in rails:
-        gpu, nic, rail = row.get("gpu"), str(row.get("nic") or ""), row.get("rail")
-        if not gpu:
-            continue
-        if nic in peers:
-            gpu_rails[str(gpu)] = peers[nic]
-            by_switch += 1
-        elif rail not in (None, ""):
-            gpu_rails[str(gpu)] = f"rail{rail}"
-    if not peers and not gpu_rails:
-        return None
+    via = "+".join(sorted({str(p.get("via") or "neighbours") for p in ports}))
     sources: dict[str, str] = {}
     switch = None
     if peers:
@@ -93,6 +81,20 @@ def _discovered(
         top, count = Counter(peers.values()).most_common(1)[0]
         if count * 2 > len(peers):
             switch, sources["switch"] = top, via
+    gpu_rails: dict[str, str] = {}
+    by_switch = 0
+    for row in rails:
+        gpu, nic, rail = row.get("gpu"), str(row.get("nic") or ""), row.get("rail")
+        if not gpu:
+            continue
+        peer = peers.get(nic)
+        if peer is not None and peer != switch:  # a rail switch, not the host's one leaf
+            gpu_rails[str(gpu)] = peer
+            by_switch += 1
+        elif rail not in (None, ""):
+            gpu_rails[str(gpu)] = f"rail{rail}"
+    if not peers and not gpu_rails:
+        return None
     if gpu_rails:
         sources["rails"] = f"{NCCL} + {via}" if by_switch else NCCL
     return Placement(host, switch=switch, rails=gpu_rails, ports=peers, sources=sources)
