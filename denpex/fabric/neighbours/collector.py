@@ -1,11 +1,13 @@
 """The `neighbours` collector: which switch port each of this host's RDMA ports is cabled
-to. InfiniBand ports from `ibnetdiscover` (or `iblinkinfo`, as `ib_tool` says), matched to
-this host by its HCAs' node and port GUIDs in sysfs; RoCE/Ethernet ports from lldpd's
+to. InfiniBand ports from `iblinkinfo` (a partial scan of this host's own node per port:
+cheap enough for every host) or `ibnetdiscover` (a sweep of the whole subnet: peers named
+by GUID where switches carry only their model's default description), as `ib_tool` says,
+matched to this host by its HCAs' node and port GUIDs in sysfs; RoCE/Ethernet ports from lldpd's
 `lldpcli -f json0 show neighbors`, matched by netdev. The control plane reads the result
 (`host_port_peer`) to know each host's leaf switch per port without UFM.
 
-Runs only read-only discovery tools, each under a timeout and rarely (a full
-`ibnetdiscover` sweeps the subnet with SMPs); never changes a port or the fabric.
+Runs only read-only discovery tools, each under a timeout and rarely; never changes a
+port or the fabric.
 """
 
 from __future__ import annotations
@@ -80,11 +82,12 @@ def ib_peers(links: list[IbLink], ports: list[LocalPort], via: str) -> list[Port
         mine = by_node.get((link.node_guid, str(link.port))) if link.node_type != "Switch" else None
         if mine is None and link.port_guid and link.node_type != "Switch":
             mine = by_port_guid.get(link.port_guid)
-        if mine is None or mine.link_layer != "InfiniBand":
+        name = switch_name(link.peer_desc, link.peer_guid)
+        if mine is None or mine.link_layer != "InfiniBand" or not name:
             continue
         found[mine.key] = PortPeer(
             port=mine.key,
-            switch=switch_name(link.peer_desc, link.peer_guid),
+            switch=name,
             switch_port=str(link.peer_port),
             switch_id=link.peer_guid,
             via=via,
@@ -214,22 +217,38 @@ class NeighboursCollector(FabricCollector):
         self.failures[tool] = self.failures.get(tool, 0) + 1
         self._blind = f"neighbours: {tool} {why}"
 
+    def _ib_outputs(self, tool: str, command: list[str], ports: list[LocalPort]) -> list[str]:
+        """The tool's output: one `ibnetdiscover` sweep of the subnet, or one `iblinkinfo`
+        partial scan per port, of this host's own node only (`-C dev -P port -G guid`: a
+        few SMPs, where a sweep sends one per node and port of the fabric)."""
+        if tool == "ibnetdiscover":
+            text = self._run(tool, command)
+            return [] if text is None else [text]
+        out = []
+        for port in ports:
+            if port.port_guid is None:
+                continue
+            args = ["-C", port.device, "-P", port.port, "-G", f"0x{port.port_guid}"]
+            text = self._run(tool, [*command, *args])
+            if text is not None:
+                out.append(text)
+        return out
+
     def collect(self, ctx: CollectContext) -> list[Observation]:
         ports = local_ports(ctx.roots)
         self._blind = None
         peers: dict[str, PortPeer] = {}
         tool = self._ib_tool()
-        if tool and any(p.link_layer == "InfiniBand" for p in ports):
-            command = self._command(IB_TOOLS[tool][0])
-            if self._found(command):
-                text = self._run(tool, command)
-                if text is not None:
-                    try:
-                        links = IB_TOOLS[tool][1](text)
-                    except ValueError as exc:
-                        self._blind = f"neighbours: {tool}: {exc}"
-                        links = []
-                    peers.update((p.port, p) for p in ib_peers(links, ports, tool))
+        ib = [p for p in ports if p.link_layer == "InfiniBand"]
+        command = self._command(IB_TOOLS[tool][0]) if tool else []
+        if tool and ib and self._found(command):
+            for text in self._ib_outputs(tool, command, ib):
+                try:
+                    links = IB_TOOLS[tool][1](text)
+                except ValueError as exc:
+                    self._blind = f"neighbours: {tool}: {exc}"
+                    continue
+                peers.update((p.port, p) for p in ib_peers(links, ports, tool))
         if any(p.link_layer == "Ethernet" for p in ports):
             command = self._command("lldpcli_command")
             if self._found(command):

@@ -64,13 +64,14 @@ def _guid(text: str | None) -> str | None:
 def switch_name(description: str, guid: str | None) -> str:
     """The name a switch goes by in the fleet's topology: the system name of a managed
     switch ("MF0;leaf-04:MQM9701/U1" → "leaf-04"), its GUID where its description is a
-    model's default, else its description."""
+    model's default, else its description; "" when only a default description is known
+    (it would name every such switch alike, merging them into one component)."""
     managed = _MANAGED.match(description)
     if managed:
         return managed.group(1)
-    if guid and (not description or any(d in description for d in _DEFAULT_DESCRIPTIONS)):
-        return guid
-    return description or (guid or "")
+    if not description or any(d in description for d in _DEFAULT_DESCRIPTIONS):
+        return guid or ""
+    return description
 
 
 def parse_ibnetdiscover(text: str) -> list[IbLink]:
@@ -144,7 +145,7 @@ def parse_iblinkinfo(text: str) -> list[IbLink]:
             IbLink(
                 node_type=node_type,
                 node_guid=node_guid if node_guid else (None if is_ca else _guid(guid)),
-                node_desc=desc if desc is not None else node_desc,
+                node_desc=desc.strip() if desc is not None else node_desc,
                 port=int(port),
                 port_guid=_guid(guid) if (is_ca or node_type is None) else None,
                 peer_type=None,

@@ -5,6 +5,7 @@ real output of SOURCES.md, refuse arguments the real tool would refuse, or fail.
 from __future__ import annotations
 
 import stat
+import sys
 import time
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def _collector(tmp_path: Path, **options: object) -> tuple[NeighboursCollector, 
 
 
 def test_each_port_gets_its_peer_switch_from_ibnetdiscover_and_lldp(tmp_path: Path) -> None:
-    collector, roots = _collector(tmp_path)
+    collector, roots = _collector(tmp_path, ib_tool="ibnetdiscover")
     ok, said = collector.available()
     assert (
         ok and said == "peers of 4 InfiniBand port(s) by ibnetdiscover, 1 RoCE port(s) by lldpcli"
@@ -107,25 +108,50 @@ def test_each_port_gets_its_peer_switch_from_ibnetdiscover_and_lldp(tmp_path: Pa
     )  # fmt: skip
 
 
-def test_iblinkinfo_matches_by_port_guid(tmp_path: Path) -> None:
-    collector, roots = _collector(tmp_path, ib_tool="iblinkinfo")
-    # the fixture's HCA "hostname mlx4_0" is this host's mlx5_0 here: its port GUID
+# iblinkinfo's partial scan of one node: the fixture's block of the CA whose port GUID -G
+# names (iblinkinfo prints only the node it was asked for), after checking the arguments
+# the collector must pass, as iblinkinfo refuses an unknown CA ("can't open ...")
+FAKE_IBLINKINFO = """#!{python}
+import sys
+args = sys.argv[1:]
+if len(args) != 6 or args[0::2] != ["-C", "-P", "-G"]:
+    sys.exit("iblinkinfo: unexpected arguments %r" % args)
+lines = open("{fixture}").read().splitlines()
+for head, link in zip(lines[0::2], lines[1::2]):
+    if link.split()[0] == args[5]:
+        print(head)
+        print(link)
+        sys.exit(0)
+sys.exit("ibwarn: [1] main: discover failed")
+"""
+
+
+def test_iblinkinfo_scans_each_ports_own_node(tmp_path: Path) -> None:
+    collector, roots = _collector(tmp_path)
+    assert collector.options["ib_tool"] == "iblinkinfo"  # the default: cheap on any fabric
+    # the fixture's HCA at port GUID 0002c90300002779 is this host's mlx5_0
     (tmp_path / "sys/class/infiniband/mlx5_0/ports/1/gids/0").write_text(
-        "fe80:0000:0000:0000:0002:c903:0000:2f79\n"
+        "fe80:0000:0000:0000:0002:c903:0000:2779\n"
     )
-    collector.options["iblinkinfo_command"] = _tool(
-        tmp_path, "iblinkinfo", f'cat "{HERE}/iblinkinfo.out"\n'
-    )
+    fake = FAKE_IBLINKINFO.format(python=sys.executable, fixture=HERE / "iblinkinfo.out")
+    collector.options["iblinkinfo_command"] = _tool(tmp_path, "iblinkinfo", "")
+    Path(collector.options["iblinkinfo_command"]).write_text(fake)
     collector.collect(CollectContext(roots, "n", now_ns=T0))
     ib = [p for p in collector.peers if p.via == "iblinkinfo"]
-    assert [(p.port, p.switch, p.switch_port) for p in ib] == [
-        ("mlx5_0/1", "MT25408 ConnectX Mellanox Technologies", "1")
+    assert [(p.port, p.switch, p.switch_port, p.switch_id) for p in ib] == [
+        ("mlx5_0/1", "kvm mlx4_0", "1", None)
     ]
+    # the other three ports' GUIDs are not in the fixture: each scan failed, each counted
+    assert collector.failures == {"iblinkinfo": 3}
+    assert "discover failed" in (collector.degraded() or "")
 
 
 def test_without_the_tools_it_says_what_to_install(tmp_path: Path) -> None:
     collector, _ = _collector(
-        tmp_path, ibnetdiscover_command="denpex-no-such-ibnetdiscover", lldpcli_command=""
+        tmp_path,
+        ib_tool="ibnetdiscover",
+        ibnetdiscover_command="denpex-no-such-ibnetdiscover",
+        lldpcli_command="",
     )
     ok, said = collector.available()
     assert not ok
@@ -160,7 +186,7 @@ def test_without_the_tools_it_says_what_to_install(tmp_path: Path) -> None:
 def test_a_failing_tool_is_said_and_counted_and_the_rest_still_seen(
     tmp_path: Path, script: str, says: str
 ) -> None:
-    collector, roots = _collector(tmp_path, timeout_s=0.5)
+    collector, roots = _collector(tmp_path, timeout_s=0.5, ib_tool="ibnetdiscover")
     collector.options["ibnetdiscover_command"] = _tool(
         tmp_path, "broken", script.replace("{tmp}", str(tmp_path))
     )

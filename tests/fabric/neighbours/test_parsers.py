@@ -102,6 +102,8 @@ def test_switch_names() -> None:
     # every unnamed switch of a model says the same: the GUID tells them apart
     assert switch_name("Infiniscale-IV Mellanox Technologies", "0002c9") == "0002c9"
     assert switch_name("l-2-3 IS5030", "0002c9") == "l-2-3 IS5030"
+    # a default description and no GUID (iblinkinfo without --line) names no one switch
+    assert switch_name("Infiniscale-IV Mellanox Technologies", None) == ""
 
 
 @pytest.mark.parametrize(
