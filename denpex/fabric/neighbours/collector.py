@@ -252,10 +252,10 @@ class NeighboursCollector(FabricCollector):
         if any(p.link_layer == "Ethernet" for p in ports):
             command = self._command("lldpcli_command")
             if self._found(command):
-                text = self._run("lldp", [*command, "-f", "json0", "show", "neighbors"])
-                if text is not None:
+                answer = self._run("lldp", [*command, "-f", "json0", "show", "neighbors"])
+                if answer is not None:
                     try:
-                        heard = parse_lldp_neighbors(text)
+                        heard = parse_lldp_neighbors(answer)
                     except ValueError as exc:
                         self._blind = f"neighbours: {exc}"
                         heard = []
