@@ -60,7 +60,7 @@ class FleetWindow:
     last_pass_ns: int | None = None
     dirty: bool = True  # something arrived since the last pass
     placements: dict[str, Placement] = field(default_factory=dict)  # the site's and agents'
-    conflicts: list[str] = field(default_factory=list)  # where the two disagree
+    conflicts: list[str] = field(default_factory=list)  # where the sources disagree
     _agent_placements: tuple[dict[str, Placement], dict[str, Placement]] | None = None
     _newest_event_ns: int = 0
 

@@ -5,9 +5,10 @@ switch, PDU and pool each host sits in, and the rail of each of its GPUs (by PCI
     hosts:
       node-000: {rack: rack-00, switch: leaf-00, pdu: pdu-00, pool: a}
 
-`merge_topology` joins it with what the agents report of their own placement (the site
-file wins on conflict, and says so). Pure: parses what the caller read (YAML or JSON
-text); never opens a file itself.
+`merge_topology` joins it with what the agents report of their own placement (UFM's
+leaf switch, then the agent's own discovery: fabric_placement.py), each field from the
+first source naming it, saying which won and where the others disagree. Pure: parses what
+the caller read (YAML or JSON text); never opens a file itself.
 """
 
 from __future__ import annotations
