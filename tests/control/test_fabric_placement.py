@@ -198,3 +198,41 @@ def test_a_host_on_one_leaf_keeps_nccls_rails_not_a_second_name_for_its_switch()
     assert found["h1"].switch == "leaf-2"
     assert found["h1"].rails["0000:4c:00.0"] == "rail3"
     assert found["h1"].sources["rails"] == "the NCCL topology"
+
+
+def test_an_agents_real_collectors_place_its_gpus_on_their_rail_switches(api, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The whole path: the NCCL topology dump and the ibnetdiscover fixture read by the
+    agent's collectors, host_state_metrics, OTLP to the server, the leader's topology."""
+    from pathlib import Path
+
+    from denpex.agent.host_state import host_state_metrics
+    from denpex.core.collector import CollectContext
+    from denpex.fabric.nccl_topo.collector import NcclTopoCollector
+    from tests.fabric.neighbours.test_collector import _collector
+
+    neighbours, roots = _collector(tmp_path, ib_tool="ibnetdiscover")
+    dump = Path(__file__).parents[1] / "fabric" / "fixtures" / "nccl_topo" / "dgx_h100.xml"
+    nccl = NcclTopoCollector(roots, {"dump_files": str(dump)})
+    now = at(1)
+    for collector in (neighbours, nccl):
+        collector.collect(CollectContext(roots, "a06-p1-dgx-02-c01", now_ns=now))
+    points = host_state_metrics(
+        [nccl, neighbours], roots, tmp_path / "state", "a06-p1-dgx-02-c01", now
+    )
+    body = serialise(encode_metrics(points, now_ns=now), "http/protobuf")
+    assert api.post("/v1/metrics", content=body, headers=PROTOBUF).status_code == 200
+    window = FleetWindow("acme", load_fleet_rules(), {})
+    window.refresh(FleetStore(api.runtime.store.for_leader("acme", None)), now)  # type: ignore[arg-type]
+    place = window.view().topology["a06-p1-dgx-02-c01"]
+    assert place.rails == {
+        "0000:18:00.0": "A09-P1-IBLEAF-01-02",  # GPU 0 → mlx5_0 (HCA-1) → its rail switch
+        "0000:2a:00.0": "A09-P1-IBLEAF-02-02",
+        "0000:3a:00.0": "A09-P1-IBLEAF-03-02",
+        "0000:5d:00.0": "A09-P1-IBLEAF-04-02",
+        "0000:9a:00.0": "ns-2.example.com",  # mlx5_4 is a RoCE port here: its LLDP peer
+        "0000:ab:00.0": "rail5",  # mlx5_5 … have no port here: NCCL's rail index
+        "0000:ba:00.0": "rail6",
+        "0000:db:00.0": "rail7",
+    }
+    assert place.switch is None and place.ports["mlx5_4/1"] == "ns-2.example.com"  # LLDP
+    assert place.sources["rails"] == "the NCCL topology + ibnetdiscover+lldp"

@@ -95,7 +95,7 @@ def merge_topology(
                 value.update(getattr(p, name))
             if value:
                 fields[name] = value
-                sources[name] = next(s for p, s in mine if getattr(p, name))
+                sources[name] = next(p.sources.get(name, s) for p, s in mine if getattr(p, name))
         merged[host] = Placement(host=host, **fields, sources=sources)
     return merged, conflicts
 
