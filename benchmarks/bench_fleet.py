@@ -6,6 +6,8 @@ against the truth. Prints JSON.
     python benchmarks/bench_fleet.py --in-process --seeds 4 --days 7
     python benchmarks/bench_fleet.py --server                # the same through `denpex server`
     python benchmarks/bench_fleet.py --calibrate             # fit rules.yaml confidence tables
+    python benchmarks/bench_fleet.py --in-process --fabric agents   # switches and rails from
+                                                             # the agents' reports (fleet_fabric.py)
 
 Time is simulated: every `--loop-s` seconds of a server's correlation loop covers `--speed`
 times as much fleet time (10× real time: a 30 s loop sees 5 minutes of fleet). Figures:
@@ -27,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fleet_fabric import agents_topology, site_without_fabric
 from fleet_records import GPU_BUSES
 from fleet_replay import InProcessControlPlane
 from fleet_server import ServerControlPlane
@@ -66,11 +69,17 @@ class SeedResult:
 def run_seed(seed: int, args: argparse.Namespace, catalog) -> SeedResult:
     cfg = SimConfig(seed=seed, days=args.days, hosts=args.hosts)
     world = World(cfg, catalog)
-    plane = (
-        ServerControlPlane(world.topology()).start()
-        if args.server
-        else InProcessControlPlane(world.topology())
-    )
+    site = world.topology()
+    if args.fabric == "agents" and args.server:
+        plane = ServerControlPlane(site_without_fabric(site), fabric=site).start()
+    elif args.server:
+        plane = ServerControlPlane(site).start()
+    elif args.fabric == "agents":
+        merged, conflicts = agents_topology(site)
+        assert not conflicts, conflicts
+        plane = InProcessControlPlane(merged)
+    else:
+        plane = InProcessControlPlane(site)
     try:
         return _replay(seed, args, world, plane)
     finally:
@@ -232,6 +241,7 @@ def summarise(results: list[SeedResult], args: argparse.Namespace) -> dict:
         "mode": "server" if args.server else "in-process",
         "seeds": [r.seed for r in results],
         "fleet": {"hosts": args.hosts, "gpus_per_host": 8, "days": args.days, "jobs_per_day": 200},
+        "fabric": "agents' reports" if args.fabric == "agents" else "site file",
         "replay": {"loop_s": args.loop_s, "speed": args.speed},
         "jobs": sum(r.jobs for r in results),
         "failed_jobs": sum(r.failed_jobs for r in results),
@@ -337,6 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         "--loop-s", type=float, default=30.0, help="the server's correlation loop period"
     )
     parser.add_argument("--speed", type=float, default=10.0, help="fleet time per real time")
+    parser.add_argument(
+        "--fabric",
+        choices=("site", "agents"),
+        default="site",
+        help="switches and rails from the site file (default) or from the agents' neighbour "
+        "and NCCL-rail reports, the site file keeping racks and PDUs",
+    )
     args = parser.parse_args(argv)
     # seeds 1-3 tuned the rules and, with 101-108, fitted the confidence tables: the
     # figures come from seeds neither saw

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_fabric import fabric_events
 from fleet_replay import TENANT
 
 from denpex.agent.otlp import encode_metrics, serialise
@@ -62,6 +63,9 @@ class ServerControlPlane:
     """Ingest, correlation and incidents all in a `denpex server` process."""
 
     topology: dict[str, Placement]
+    # --fabric agents: the placements whose switches and rails the agents report (as
+    # host_port_peer / host_rail, sent with each host_info), the site file lacking them
+    fabric: dict[str, Placement] | None = None
     url: str = ""
     requests: int = 0
     http_s: float = 0.0
@@ -159,6 +163,8 @@ class ServerControlPlane:
             points.append(
                 metric("host_info", 1, source="agent", labels=labels, host=host, ts_ns=now_ns)
             )
+            if self.fabric is not None:  # the agent sends its fabric rows with its host_info
+                points += fabric_events(self.fabric, host, now_ns)
             if state.diagnostics_passed_ns is not None:
                 points.append(
                     metric(

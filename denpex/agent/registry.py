@@ -9,6 +9,7 @@ from denpex.fabric.gnmi import GnmiCollector
 from denpex.fabric.gpudirect import GpuDirectCollector
 from denpex.fabric.ib.collector import IbCollector
 from denpex.fabric.nccl_topo.collector import NcclTopoCollector
+from denpex.fabric.neighbours.collector import NeighboursCollector
 from denpex.fabric.roce.collector import RoceCollector
 from denpex.fabric.ufm.collector import UfmCollector
 from denpex.gpu.dcgm.collector import DcgmCollector
@@ -40,5 +41,6 @@ COLLECTORS: tuple[type[Collector], ...] = (
     IbCollector,
     RoceCollector,
     NcclTopoCollector,
+    NeighboursCollector,
     GpuDirectCollector,
 )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from denpex.control.fleet import FleetConfig, correlate, merge
+from denpex.control.fleet.fabric_placement import fabric_placements
 from denpex.control.fleet.model import EvidenceRecord, FleetView, HostState, JobOutcome, Placement
 from denpex.control.fleet.reports import outcome_from_report
 from denpex.control.fleet.topology import merge_topology
@@ -59,8 +60,8 @@ class FleetWindow:
     last_pass_ns: int | None = None
     dirty: bool = True  # something arrived since the last pass
     placements: dict[str, Placement] = field(default_factory=dict)  # the site's and agents'
-    conflicts: list[str] = field(default_factory=list)  # where the two disagree
-    _agent_placements: dict[str, Placement] | None = None
+    conflicts: list[str] = field(default_factory=list)  # where the sources disagree
+    _agent_placements: tuple[dict[str, Placement], dict[str, Placement]] | None = None
     _newest_event_ns: int = 0
 
     def add_reports(self, reports: Iterable[Mapping[str, Any]]) -> None:
@@ -123,7 +124,7 @@ class FleetWindow:
         reported = agent_placements(store, self.config)
         if reported != self._agent_placements:
             self._agent_placements = reported
-            self.placements, conflicts = merge_topology(self.topology, reported)
+            self.placements, conflicts = merge_topology(self.topology, *reported)
             for line in sorted(set(conflicts) - set(self.conflicts)):
                 log.warning("topology of tenant %s: %s", self.tenant, line)
             self.conflicts = conflicts
@@ -153,16 +154,19 @@ class FleetWindow:
         return done
 
 
-def agent_placements(store: FleetStore, config: FleetConfig) -> dict[str, Placement]:
-    """Where each host's agent places it (its newest placement series)."""
-    out: dict[str, Placement] = {}
-    name = config["host_state"]["placement_metric"]
-    for host, _name, labels, _ts_ns, _value in store.host_metrics((name,)):
-        known = {
-            k: str(labels[k]) if labels.get(k) else None for k in ("rack", "switch", "pdu", "pool")
-        }
-        out[host] = Placement(host, known["rack"], known["switch"], known["pdu"], known["pool"])
-    return out
+def agent_placements(
+    store: FleetStore, config: FleetConfig
+) -> tuple[dict[str, Placement], dict[str, Placement]]:
+    """Where each host's agent places it: UFM's leaf switch, and what the agent found itself
+    (rails from the NCCL topology, peer switches from ibnetdiscover / LLDP), newest each."""
+    cfg = config["host_state"]
+    names = {
+        "labels": cfg["labels_metric"],
+        "placement": cfg["placement_metric"],
+        "rail": cfg["rail_metric"],
+        "port": cfg["port_metric"],
+    }
+    return fabric_placements(store.host_metrics(tuple(names.values())), names)
 
 
 def host_states(store: FleetStore, config: FleetConfig) -> dict[str, HostState]:

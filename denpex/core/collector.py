@@ -141,6 +141,13 @@ class Collector(ABC):
         knows none. Read from the last poll: never calls the source."""
         return {}
 
+    def host_links(self) -> list[tuple[str, Mapping[str, str]]]:
+        """Where this host's devices sit in the fabric, one (kind, labels) row each: a GPU's
+        rail and NIC port ("rail": gpu, nic, rail) from the NCCL topology, the switch port a
+        port is cabled to ("port": port, switch, …) from the neighbour tools. The agent sends
+        them as its `host_rail` / `host_port_peer` series. Read from the last poll."""
+        return []
+
     def degraded(self) -> str | None:
         """Why the collector cannot currently see its source although its polls return (a
         library call stuck past its deadline); None when it sees. `/healthz` turns unhealthy

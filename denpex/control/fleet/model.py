@@ -101,7 +101,9 @@ class JobOutcome:
 class Placement:
     """Where a host sits: the shared hardware its jobs depend on (site topology file or the
     agents' fabric snapshots). `rails` maps a GPU's PCI address to its rail in a
-    rail-optimised fabric."""
+    rail-optimised fabric (the rail switch its NIC is cabled to, where the agent's
+    neighbours say); `ports` each RDMA port ("mlx5_0/1") to the switch it is cabled to;
+    `sources` each field set to where it came from (site topology, UFM, ibnetdiscover …)."""
 
     host: str
     rack: str | None = None
@@ -109,6 +111,8 @@ class Placement:
     pdu: str | None = None
     pool: str | None = None
     rails: Mapping[str, str] = field(default_factory=dict)
+    ports: Mapping[str, str] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
 
     def components(self) -> list[tuple[str, str]]:
         """(kind, id) of every shared component this host depends on."""

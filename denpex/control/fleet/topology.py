@@ -5,9 +5,10 @@ switch, PDU and pool each host sits in, and the rail of each of its GPUs (by PCI
     hosts:
       node-000: {rack: rack-00, switch: leaf-00, pdu: pdu-00, pool: a}
 
-`merge_topology` joins it with what the agents report of their own placement (the site
-file wins on conflict, and says so). Pure: parses what the caller read (YAML or JSON
-text); never opens a file itself.
+`merge_topology` joins it with what the agents report of their own placement (UFM's
+leaf switch, then the agent's own discovery: fabric_placement.py), each field from the
+first source naming it, saying which won and where the others disagree. Pure: parses what
+the caller read (YAML or JSON text); never opens a file itself.
 """
 
 from __future__ import annotations
@@ -55,29 +56,61 @@ def _entry(where: str, entry: Any) -> dict[str, Any]:
     return out
 
 
+SITE = "site topology"
+SCALARS = ("rack", "switch", "pdu", "pool")
+
+
 def merge_topology(
-    site: Mapping[str, Placement], agents: Mapping[str, Placement]
+    site: Mapping[str, Placement], *reported: Mapping[str, Placement]
 ) -> tuple[dict[str, Placement], list[str]]:
     """The topology the rules read: each host's placement from the site file, its gaps
-    filled from what the host's agent reported (its fabric: the leaf switch UFM sees its
-    HCAs reach). Where both name a field and disagree the site file wins, and a line for
-    each such conflict says so (a recabled host, or a stale site file)."""
+    filled from what the host's agent reported, in the order given (UFM's leaf switch
+    before the neighbours the agent found with ibnetdiscover or LLDP). Each field comes
+    from the first source that names it, and `sources` says which; where a later source
+    disagrees a line says so and who won (a recabled host, or a stale site file). Rails
+    and ports merge per GPU and per port, the earlier source winning each."""
+    layers = [(site, SITE), *((r, "") for r in reported)]
     merged: dict[str, Placement] = {}
     conflicts: list[str] = []
-    for host in sorted(set(site) | set(agents)):
-        mine, seen = site.get(host), agents.get(host)
-        if mine is None or seen is None:
-            merged[host] = mine or seen  # type: ignore[assignment]
-            continue
+    hosts = sorted(set().union(*(set(layer) for layer, _ in layers)))
+    for host in hosts:
+        mine = [(p, name or _source_of(p)) for layer, name in layers if (p := layer.get(host))]
         fields: dict[str, Any] = {}
-        for name in ("rack", "switch", "pdu", "pool"):
-            ours, theirs = getattr(mine, name), getattr(seen, name)
-            fields[name] = ours or theirs
-            if ours and theirs and ours != theirs:
-                conflicts.append(
-                    f"{host}: {name} is {ours} in the site topology, {theirs} as its agent "
-                    f"reports it; the site topology wins"
-                )
-        fields["rails"] = {**seen.rails, **mine.rails}
-        merged[host] = Placement(host=host, **fields)
+        sources: dict[str, str] = {}
+        for name in SCALARS:
+            said = [(getattr(p, name), source) for p, source in mine if getattr(p, name)]
+            if not said:
+                continue
+            (value, winner), rest = said[0], said[1:]
+            fields[name], sources[name] = value, _field_source(mine, winner, name)
+            for other, source in rest:
+                if other != value:
+                    conflicts.append(
+                        f"{host}: {name} is {value} {_as(winner)}, {other} {_as(source)}; "
+                        f"the {winner} wins"
+                    )
+        for name in ("rails", "ports"):
+            value = {}
+            for p, _source in reversed(mine):
+                value.update(getattr(p, name))
+            if value:
+                fields[name] = value
+                sources[name] = next(p.sources.get(name, s) for p, s in mine if getattr(p, name))
+        merged[host] = Placement(host=host, **fields, sources=sources)
     return merged, conflicts
+
+
+def _source_of(place: Placement) -> str:
+    """The name of an agent-reported placement's source (what its `sources` says most)."""
+    return next(iter(place.sources.values()), "its agent")
+
+
+def _field_source(mine: list[tuple[Placement, str]], winner: str, name: str) -> str:
+    for place, source in mine:
+        if source == winner:
+            return place.sources.get(name, source)
+    return winner
+
+
+def _as(source: str) -> str:
+    return "in the site topology" if source == SITE else f"as {source} reports it"

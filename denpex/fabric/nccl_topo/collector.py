@@ -1,6 +1,8 @@
 """The `nccl_topo` collector: reads the topology files jobs dump with NCCL_TOPO_DUMP_FILE,
 counts what NCCL saw and reports each difference from the SKU's golden profile as evidence.
-Reads only the files it is given, bounded in size; never runs or changes NCCL.
+Also tells the control plane each GPU's rail (rails.py) from the newest dump, as the
+agent's `host_rail` series. Reads only the files it is given, bounded in size; never runs
+or changes NCCL.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from denpex.core.roots import Roots
 from denpex.fabric.base import FabricCollector
 from denpex.fabric.nccl_topo.diff import Difference, compare_topologies
 from denpex.fabric.nccl_topo.model import MAX_XML_BYTES, Topology, TopologyError, parse_topology
+from denpex.fabric.nccl_topo.rails import GpuRail, gpu_rails
 
 MAX_FILES = 64
 # difference kind → its detector (denpex/core/detectors.yaml). NCCL lists only ACTIVE
@@ -79,6 +82,7 @@ class NcclTopoCollector(FabricCollector):
         super().__init__(roots, options)
         self._parsed: dict[str, tuple[tuple[float, int], Topology | None]] = {}
         self._golden: tuple[tuple[float, int], Topology] | None = None
+        self._rails: list[GpuRail] = []
 
     def _patterns(self) -> list[str]:
         value = self.options.get("dump_files") or []
@@ -141,8 +145,13 @@ class NcclTopoCollector(FabricCollector):
         golden = self._golden_topology()
         out: list[Observation] = []
         found: dict[tuple[str, str, str], Evidence] = {}
+        newest: tuple[float, Topology] | None = None
         for path in self._files():
             topology = self._load(path)
+            if topology is not None:
+                mtime = self._parsed[path][0][0]
+                if newest is None or mtime > newest[0]:
+                    newest = (mtime, topology)
             labels = {"file": path}
             out.append(self.metric_event(ctx, "nccl_topo_valid", int(topology is not None), labels))
             if topology is None:
@@ -161,8 +170,13 @@ class NcclTopoCollector(FabricCollector):
                 found[key] = self._evidence(ctx, path, difference)
         # each difference is evidence once while it lasts (a dump is read every poll)
         fresh = self.edges.holding("differences", found)
+        self._rails = gpu_rails(newest[1]) if newest is not None else []
         out += [e for key, e in found.items() if key in fresh]
         return out
+
+    def host_links(self) -> list[tuple[str, Mapping[str, str]]]:
+        """Each GPU's rail and NIC port, from the newest dump the last poll read."""
+        return [("rail", rail.labels()) for rail in self._rails]
 
     def _evidence(self, ctx: CollectContext, path: str, difference: Difference) -> Evidence:
         return self.finding(

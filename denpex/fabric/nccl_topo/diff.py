@@ -58,7 +58,7 @@ def _meeting_point(a: tuple[str, ...], b: tuple[str, ...]) -> str | None:
     return common
 
 
-def _near_nets(gpu: Placed, nets: tuple[Placed, ...]) -> list[tuple[Placed, str]]:
+def near_nets(gpu: Placed, nets: tuple[Placed, ...]) -> list[tuple[Placed, str]]:
     """The net ports sharing the GPU's nearest PCI switch (NCCL's PIX/PXB pairs): the NICs a
     GPU's GPUDirect RDMA traffic is meant to use."""
     best: list[tuple[Placed, str]] = []
@@ -105,7 +105,7 @@ def compare_topologies(
         now = actual_gpus.get(gpu.key)
         if now is None:
             continue
-        for net, point in _near_nets(gpu, golden.nets):
+        for net, point in near_nets(gpu, golden.nets):
             net_now = actual_nets.get(net.key)
             if net_now is None:
                 continue
