@@ -1,12 +1,16 @@
 """The multi-host drill: four hosts (network namespaces made here), an agent on each, one
-control plane, a 4-rank CPU torch job (gloo) under `denpex run` across them; one fault
-injected per case. For each case it prints the time from the injection to the first
-incident that names a host, and whether that incident's root cause and host are right.
+control plane, a 4-rank CPU torch job (gloo) under `denpex run` across them, and the hosts
+as the nodes of a real Slurm cluster, the control plane's remediation backend under an
+AutoSafe policy; one fault injected per case. For each case it prints the time from the
+injection to the incident at the root of the job's story, whether that incident's root cause
+and host are right, and the time from the injection to the drain of the faulty host in Slurm
+(`scontrol show node`): the detect → cordon time.
 
 Cases: an Xid naming a rank's pid in that host's kernel log (the agent's fixture source:
 the Xid never goes into the real /dev/kmsg), a real OOM kill in the rank's memory cgroup
 (tests/memcg.py: only with DENPEX_TEST_KMSG=1, the kernel writes its report to the host's
-log), the link of one host taken down, a bit flipped in one replica's parameters (the SDK's
+log), the link of one host taken down (and the driver's "Link down" line in its kernel log,
+which a veth does not write), a bit flipped in one replica's parameters (the SDK's
 replica checksums), a rank stopped (SIGSTOP).
 """
 
@@ -31,6 +35,8 @@ pytestmark = [
 ]
 FAULTY = 2  # the rank (and host) every case breaks
 INCIDENT_WAIT_S = 180
+CORDON_WAIT_S = 60  # issue 20's target: detect → cordon within a minute
+AUTOSAFE = {"tier": "autosafe"}  # reversible steps (cordon, drain, checkpoint) run
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Outcome:
     host: str | None
     right_cause: bool
     right_host: bool
+    cordon_s: float | None = None  # injection → the faulty host drained in Slurm
 
 
 def wait_for_ranks(ranks: list[subprocess.Popen], timeout_s: float) -> None:
@@ -83,6 +90,17 @@ def story_root(c: Cluster, job: str, since: float) -> tuple[float | None, dict |
     return None, None
 
 
+def time_to_cordon(c: Cluster, host: str, since: float, wait_s: float) -> float | None:
+    """Seconds from `since` until Slurm shows `host` drained, waiting up to `wait_s` more."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        if c.drained(host):
+            return time.monotonic() - since
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
 def blamed_host(c: Cluster, incident: dict) -> str | None:
     kind, component = incident["component"]["kind"], incident["component"]["id"]
     if kind == "host":
@@ -119,6 +137,7 @@ def _drill_case(
         time.sleep(1)
         (control / f"lost{FAULTY}").write_text("")  # the framework's CUDA error follows
     elif case == "link":
+        c.link_down_line(FAULTY, seq=2)
         subprocess.run(["ip", "link", "set", c.links[FAULTY], "down"], check=True)
     elif case == "oom":
         (control / f"hog{FAULTY}").write_text("")
@@ -141,6 +160,9 @@ def _drill_case(
         return Outcome(case, None, "-", None, False, False)
     host = blamed_host(c, incident)
     category = incident["category"]
+    cordon = None
+    if incident.get("action") == "drain_node" and host:  # the policy lets it cordon
+        cordon = time_to_cordon(c, host, injected, CORDON_WAIT_S)
     return Outcome(
         case,
         seconds,
@@ -148,6 +170,7 @@ def _drill_case(
         host,
         right_cause=category.startswith(expect),
         right_host=host == c.hosts[FAULTY],
+        cordon_s=cordon,
     )
 
 
@@ -161,23 +184,50 @@ CASES = {
 }
 
 
+def drill_table(outcomes: list[Outcome]) -> str:
+    def took(seconds: float | None) -> str:
+        return f"{seconds:6.1f} s" if seconds is not None else "     -"
+
+    rows = [
+        "\ncase      injection→incident  root cause                 host           cause host  "
+        "injection→cordon  incident→cordon"
+    ]
+    for o in outcomes:
+        rows.append(
+            f"{o.case:9} {took(o.seconds):19} {o.category:26} {o.host or '-':14} "
+            f"{'yes' if o.right_cause else 'no':5} {'yes' if o.right_host else 'no':5} "
+            f"{took(o.cordon_s):17} "
+            f"{took(o.cordon_s - o.seconds if o.cordon_s and o.seconds else None)}"
+        )
+    return "\n".join(rows)
+
+
+CASES_ENV = "DENPEX_DRILL_CASES"  # a comma-separated subset of CASES, to rerun one or two
+
+
+def chosen_cases() -> dict[str, tuple[str, ...]]:
+    names = [n for n in os.environ.get(CASES_ENV, "").split(",") if n]
+    unknown = sorted(set(names) - set(CASES))
+    if unknown:
+        raise ValueError(
+            f"{CASES_ENV}: unknown case(s) {', '.join(unknown)} (of {', '.join(CASES)})"
+        )
+    return {n: CASES[n] for n in names} if names else CASES
+
+
 def test_cluster_drill(tmp_path: Path) -> None:
     outcomes = []
     skipped = memcg.unavailable_reason()
     with cluster(tmp_path) as c:
-        for case, expect in CASES.items():
+        c.set_policy(AUTOSAFE)
+        for case, expect in chosen_cases().items():
             if case == "oom" and skipped:
                 print(f"case oom not run: {skipped}")
                 continue
             outcomes.append(drill_case(c, tmp_path, case, expect))
             c.resolve_all(f"drill case {case} done")
-    print("\ncase      injection→incident  root cause                 host           cause host")
-    for o in outcomes:
-        took = f"{o.seconds:6.1f} s" if o.seconds is not None else "  none"
-        print(
-            f"{o.case:9} {took:19} {o.category:26} {o.host or '-':14} "
-            f"{'yes' if o.right_cause else 'no':5} {'yes' if o.right_host else 'no'}"
-        )
+            c.resume_nodes()  # the next case starts from a pool in service
+    print(drill_table(outcomes))
     assert all(o.seconds is not None for o in outcomes), outcomes
     for o in outcomes:
         if o.case in ("xid", "bitflip", "oom"):  # the cases denpex must get right end to end
