@@ -215,6 +215,20 @@ class Cluster:
             f'hostname {self.hosts[i]} && exec "$@"'
         )
 
+    def end_job(self, control: Path, ranks: list[subprocess.Popen]) -> None:
+        """End a job's wrappers and every process of it (they carry its DRILL_DIR)."""
+        mark = f"DRILL_DIR={control}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        for proc in ranks:
+            proc.wait(30)
+        for pid_file in control.glob("pid*"):
+            pid_file.unlink()
+
     def deliver_outbox(self, i: int, control: Path) -> None:
         """What host i's reports left in its outbox (the server was out of reach), sent now,
         as the host's next report would send it."""
