@@ -101,3 +101,49 @@ def test_a_report_from_one_host_places_its_ranks_there():
     (joined,) = job_outcomes([outcome, report(0, timed_out=True)])
     assert joined.reports == 2 and joined.ranks == {2: "n2", 0: "n0"}
     assert set(joined.hosts) == {"n0", "n2"}
+
+
+def test_the_replica_that_diverged_is_named_though_every_rank_exited_zero():
+    sdc = EvidenceRecord(
+        "r2/e1",
+        at(10.0),
+        "n2",
+        "train.sdc",
+        "error",
+        "sdk",
+        signature="train.sdc.replica_mismatch",
+        rank=2,
+        job="train",
+        body="replica checksums differ: rank 2",
+    )
+    corrupted = JobOutcome(
+        tenant="t",
+        job="train",
+        hosts=("n2",),
+        ended_ns=at(10.01),
+        status="failed",
+        category="train.sdc",
+        root_host="n2",
+        root_rank=2,
+        confidence=0.89,
+        rule="integrity_on_success",
+        evidence=("r2/e1",),
+        started_ns=at(9.0),
+        ranks={2: "n2"},
+        exit_code=0,
+        timeline=(sdc,),
+    )
+    fine = [
+        JobOutcome(
+            tenant="t",
+            job="train",
+            hosts=(HOSTS[r],),
+            ended_ns=at(10.01),
+            status="ok",
+            started_ns=at(9.0),
+            ranks={r: HOSTS[r]},
+            exit_code=0,
+        )
+        for r in (0, 1, 3)
+    ]
+    assert stories(FleetView(jobs=[*fine, corrupted])) == [("n2", "train.sdc", "drain_node")]
