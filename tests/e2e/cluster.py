@@ -275,19 +275,47 @@ class Cluster:
         except OSError:
             return None
 
-    def set_policy(self, policy: dict) -> None:
-        """The tenant's remediation policy (an admin's act, audited like any other)."""
+    def _admin(self, method: str, path: str, body: dict) -> None:
         request = urllib.request.Request(
-            f"{self.server_url}/api/v1/remediation/policy",
-            data=jsonio.dumps(policy),
+            f"{self.server_url}{path}",
+            data=jsonio.dumps(body),
             headers={
                 "Authorization": f"Bearer {self.admin_token}",
                 "Content-Type": "application/json",
             },
-            method="PUT",
+            method=method,
         )
         with urllib.request.urlopen(request, timeout=10):
             pass
+
+    def set_policy(self, policy: dict) -> None:
+        """The tenant's remediation policy (an admin's act, audited like any other)."""
+        self._admin("PUT", "/api/v1/remediation/policy", policy)
+
+    def plan_of(self, incident_id: int) -> dict | None:
+        """The remediation plan proposed for an incident, if any."""
+        page = self.api("/api/v1/remediation/plans") or {"items": []}
+        return next((p for p in page["items"] if p["incident"] == incident_id), None)
+
+    def close_plans(self, note: str) -> None:
+        """What an operator does after a drill case: every open plan rejected, the pool's
+        guard reset, the nodes back in service."""
+        page = self.api("/api/v1/remediation/plans") or {"items": []}
+        for plan in page["items"]:
+            if plan["status"] not in ("done", "rejected", "observed", "failed"):
+                with contextlib.suppress(OSError):
+                    self._admin(
+                        "POST",
+                        f"/api/v1/remediation/plans/{plan['id']}/reject",
+                        {"by": "drill", "note": note},
+                    )
+        with contextlib.suppress(OSError):
+            self._admin(
+                "POST",
+                "/api/v1/remediation/guards/reset",
+                {"pool": self.slurm.partition, "by": "drill"},
+            )
+        self.resume_nodes()
 
     # -- the scheduler ---------------------------------------------------------------------
     def drained(self, host: str) -> bool:

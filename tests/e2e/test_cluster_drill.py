@@ -37,7 +37,15 @@ FAULTY = 2  # the rank (and host) every case breaks
 INCIDENT_WAIT_S = 180
 START_WAIT_S = 300  # four torch imports on two cores shared with other work can be slow
 CORDON_WAIT_S = 60  # issue 20's target: detect → cordon within a minute
-AUTOSAFE = {"tier": "autosafe"}  # reversible steps (cordon, drain, checkpoint) run
+# reversible steps (cordon, drain, checkpoint) run; every case breaks drill-node2 on purpose,
+# so it is no lemon, and the cases are more than the blast-radius window apart
+AUTOSAFE = {
+    "tier": "autosafe",
+    "guards": {
+        "lemon": {"incidents": 100, "window_s": 604800},
+        "blast_radius": {"max_nodes": 1, "max_percent": 50, "window_s": 30},
+    },
+}
 
 
 @dataclass
@@ -91,11 +99,19 @@ def story_root(c: Cluster, job: str, since: float) -> tuple[float | None, dict |
     return None, None
 
 
-def time_to_cordon(c: Cluster, host: str, since: float, wait_s: float) -> float | None:
-    """Seconds from `since` until Slurm shows `host` drained, waiting up to `wait_s` more."""
+def time_to_cordon(
+    c: Cluster, incident_id: int, host: str, since: float, wait_s: float
+) -> float | None:
+    """Seconds from `since` until the incident's own plan has cordoned and Slurm shows
+    `host` drained, waiting up to `wait_s` more."""
     deadline = time.monotonic() + wait_s
     while True:
-        if c.drained(host):
+        plan = c.plan_of(incident_id)
+        moved = plan is not None and (plan["state"], plan["status"]) not in (
+            ("cordon", "held"),
+            ("cordon", "active"),
+        )
+        if moved and plan["status"] != "observed" and c.drained(host):
             return time.monotonic() - since
         if time.monotonic() >= deadline:
             return None
@@ -186,7 +202,7 @@ def _drill_case(
     category = incident["category"]
     cordon = None
     if incident.get("action") == "drain_node" and host:  # the policy lets it cordon
-        cordon = time_to_cordon(c, host, injected, CORDON_WAIT_S)
+        cordon = time_to_cordon(c, int(incident["id"]), host, injected, CORDON_WAIT_S)
     return Outcome(
         case,
         seconds,
@@ -254,7 +270,7 @@ def test_cluster_drill(tmp_path: Path) -> None:
                 continue
             outcomes.append(drill_case(c, tmp_path, case, expect))
             c.resolve_all(f"drill case {case} done")
-            c.resume_nodes()  # the next case starts from a pool in service
+            c.close_plans(f"drill case {case} done")  # the next case starts from a pool in service
     print(drill_table(outcomes))
     assert all(o.seconds is not None for o in outcomes), outcomes
     for o in outcomes:
