@@ -72,6 +72,10 @@ def job_fields(diagnosis: dict[str, Any], environ: dict[str, str] | None = None)
             hosts.add(entry["host"])
         if isinstance(entry.get("rank"), int):
             ranks.add(entry["rank"])
+    # a wrapper started per rank (RANK set by the launcher for it): its rank, even when the
+    # rank printed nothing (a stopped rank's report is the only trace of it)
+    if env.get("RANK", "").isdigit():
+        ranks.add(int(env["RANK"]))
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

@@ -148,7 +148,7 @@ class FleetWindow:
         if not self.due(now_ns):
             return {"opened": [], "updated": [], "resolved": []}
         candidates = correlate(self.view(), now_ns, self.config)
-        result = merge(store.open_incidents(), candidates)
+        result = merge(store.open_incidents(), candidates, store.open_incidents(resolved=True))
         done = store.apply(result, now_ns)
         self.dirty, self.last_pass_ns = False, now_ns
         return done

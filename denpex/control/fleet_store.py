@@ -74,15 +74,17 @@ class FleetStore:
             ).all()
         return [(r.host, r.name, jsonio.loads(r.labels), r.ts_ns, r.value) for r in rows]
 
-    def open_incidents(self) -> list[Incident]:
-        """The tenant's unresolved fleet incidents (not the per-job ones)."""
+    def open_incidents(self, *, resolved: bool = False) -> list[Incident]:
+        """The tenant's unresolved fleet incidents (not the per-job ones); `resolved`: its
+        resolved ones instead."""
         inc, links = s.incidents, s.incident_links
+        status = inc.c.status.notin_(UNRESOLVED) if resolved else inc.c.status.in_(UNRESOLVED)
         with self.ts._read() as conn:
             rows = conn.execute(
                 sa.select(inc)
                 .where(
                     inc.c.tenant == self.tenant,
-                    inc.c.status.in_(UNRESOLVED),
+                    status,
                     inc.c.component_kind != JOB_KIND,
                 )
                 .order_by(inc.c.id)

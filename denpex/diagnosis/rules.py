@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from denpex.core.events import Evidence, severity_rank
-from denpex.diagnosis.context import Finding, RuleContext, strongest_earliest
+from denpex.diagnosis.context import (
+    Finding,
+    RuleContext,
+    part_of_root_traceback,
+    strongest_earliest,
+)
 from denpex.diagnosis.hangs import absent_from_collective, diverged_collectives
 from denpex.diagnosis.timeline import before, earliest, line_key, order_key, seconds_between
 
@@ -237,12 +242,17 @@ def warnings_on_failure(ctx: RuleContext) -> Finding | None:
     first_symptom = _first_of_tier(ctx, "symptom")
     if not ctx.known_failed and first_symptom is None:
         return None
+    # the header of a symptom's own traceback ("Traceback …" above Gloo's "Timed out
+    # waiting") is that symptom, not a lead that came before it
+    symptoms = [e for e in ctx.failures if ctx.tier(e.category) == "symptom"]
+    lines = int(ctx.config["traceback_lines"])
     leads = [
         e
         for e in ctx.evidence
         if e.severity == "warning"
         and ctx.config.can_explain_failure(e.category)
         and (first_symptom is None or before(e, first_symptom))
+        and not any(part_of_root_traceback(e, s, lines) for s in symptoms)
     ]
     # a traceback header is the weakest lead: any other category's warning goes first
     leads = [e for e in leads if e.category != "app.exception"] or leads

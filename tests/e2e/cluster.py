@@ -1,7 +1,10 @@
 """A small cluster on this machine for the drill: four "hosts", each a network namespace on
 one bridge (10.215.<n>.11-14, the bridge .1) with its own UTS name, its own `denpex agent`
 (its kernel log a FIFO the test writes: the agent's fixture kernel-log source) shipping to
-one `denpex server` on the bridge; and a 4-rank job under `denpex run` across them.
+one `denpex server` on the bridge; and a 4-rank job under `denpex run` across them. The
+hosts are also the nodes of a real Slurm cluster on loopback (slurmctld and an emulated
+slurmd per host, tests/remediation/slurm_cluster.py), the server's remediation backend, so a
+cordon the policy allows is a drain that `scontrol show node` shows.
 
 Everything is made by the test and removed in `close()` (processes by their pids,
 namespaces, links), also when the test fails. Needs root, `ip`, `unshare`.
@@ -25,6 +28,8 @@ from pathlib import Path
 from denpex.core import jsonio
 from denpex.core.kmsg import TEST_KMSG_ENV, TEST_MARKER, KmsgRecord, format_record
 from tests.control.conftest import mint
+from tests.remediation.slurm_cluster import SlurmCluster
+from tests.remediation.slurm_cluster import missing as slurm_missing
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("drill_worker.py")
@@ -42,6 +47,9 @@ def unavailable_reason() -> str | None:
         import torch  # noqa: F401
     except ImportError:
         return "needs torch (CPU) for the gloo job"
+    lacking = slurm_missing()
+    if lacking:
+        return f"needs Slurm and munge ({', '.join(lacking)}; scripts/system-packages.txt)"
     return None
 
 
@@ -67,6 +75,10 @@ class Cluster:
         self.kmsg_fds: list[int] = []
         self._made: list[tuple[str, str]] = []
         self.token = ""
+        self.admin_token = ""
+        (root / "slurm").mkdir(parents=True, exist_ok=True)
+        self.slurm = SlurmCluster(root / "slurm", nodes=HOSTS, prefix="drill-node", first=0)
+        assert self.slurm.nodes == self.hosts
 
     # -- set-up ----------------------------------------------------------------------------
     def start(self) -> Cluster:
@@ -91,7 +103,9 @@ class Cluster:
         self.no_kmsg = self.root / "no-kmsg.sock"
         socket.socket(socket.AF_UNIX).bind(str(self.no_kmsg))
         self.token = mint(self.db, TENANT, "operator")
+        self.admin_token = mint(self.db, TENANT, "admin")
         (self.root / "token").write_text(self.token + "\n")
+        self.slurm.start()
         self._start_server()
         for i in range(HOSTS):
             self._start_agent(i)
@@ -109,7 +123,8 @@ class Cluster:
     def _start_server(self) -> None:
         listen = f"{self.gateway}:{self.port}"
         argv = [sys.executable, "-m", "denpex", "server", "--db", self.db, "--listen", listen]
-        self._spawn(argv, self.root / "server.log")
+        argv += ["--remediation-backend", "slurm"]
+        self._spawn(argv, self.root / "server.log", env={"SLURM_CONF": str(self.slurm.conf)})
         self._wait(lambda: self.api("/healthz", auth=False) is not None, "server", 60)
 
     def _start_agent(self, i: int) -> None:
@@ -200,6 +215,20 @@ class Cluster:
             f'hostname {self.hosts[i]} && exec "$@"'
         )
 
+    def end_job(self, control: Path, ranks: list[subprocess.Popen]) -> None:
+        """End a job's wrappers and every process of it (they carry its DRILL_DIR)."""
+        mark = f"DRILL_DIR={control}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    os.kill(int(entry.name), signal.SIGKILL)
+        for proc in ranks:
+            proc.wait(30)
+        for pid_file in control.glob("pid*"):
+            pid_file.unlink()
+
     def deliver_outbox(self, i: int, control: Path) -> None:
         """What host i's reports left in its outbox (the server was out of reach), sent now,
         as the host's next report would send it."""
@@ -220,6 +249,14 @@ class Cluster:
         self._wait(path.exists, f"rank {rank} to start", timeout_s)
         return int(path.read_text())
 
+    def link_down_line(self, host: int, seq: int) -> None:
+        """The line a NIC's driver writes to its kernel log when its port loses the link
+        (mlx5's), in host `host`'s kernel log: a veth has no driver that says it, so the test
+        says it for the port it takes down, marked like every injected line."""
+        message = f"mlx5_core 0000:3b:00.0 eth0: Link down {TEST_MARKER}"
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        os.write(self.kmsg_fds[host], format_record(KmsgRecord(0, 4, seq, usec, "-", message)))
+
     def xid(self, host: int, pid: int, seq: int) -> None:
         """An Xid 79 naming `pid`, in host `host`'s kernel log (the agent's fixture source),
         marked like every line a test injects."""
@@ -237,6 +274,61 @@ class Cluster:
                 return jsonio.loads(reply.read())
         except OSError:
             return None
+
+    def _admin(self, method: str, path: str, body: dict) -> None:
+        request = urllib.request.Request(
+            f"{self.server_url}{path}",
+            data=jsonio.dumps(body),
+            headers={
+                "Authorization": f"Bearer {self.admin_token}",
+                "Content-Type": "application/json",
+            },
+            method=method,
+        )
+        with urllib.request.urlopen(request, timeout=10):
+            pass
+
+    def set_policy(self, policy: dict) -> None:
+        """The tenant's remediation policy (an admin's act, audited like any other)."""
+        self._admin("PUT", "/api/v1/remediation/policy", policy)
+
+    def plan_of(self, incident_id: int) -> dict | None:
+        """The remediation plan proposed for an incident, if any."""
+        page = self.api("/api/v1/remediation/plans") or {"items": []}
+        return next((p for p in page["items"] if p["incident"] == incident_id), None)
+
+    def close_plans(self, note: str) -> None:
+        """What an operator does after a drill case: every open plan rejected, the pool's
+        guard reset, the nodes back in service."""
+        page = self.api("/api/v1/remediation/plans") or {"items": []}
+        for plan in page["items"]:
+            if plan["status"] not in ("done", "rejected", "observed", "failed"):
+                with contextlib.suppress(OSError):
+                    self._admin(
+                        "POST",
+                        f"/api/v1/remediation/plans/{plan['id']}/reject",
+                        {"by": "drill", "note": note},
+                    )
+        with contextlib.suppress(OSError):
+            self._admin(
+                "POST",
+                "/api/v1/remediation/guards/reset",
+                {"pool": self.slurm.partition, "by": "drill"},
+            )
+        self.resume_nodes()
+
+    # -- the scheduler ---------------------------------------------------------------------
+    def drained(self, host: str) -> bool:
+        """Whether Slurm has node `host` drained or draining (`scontrol show node`)."""
+        shown = self.slurm.scontrol("show", "node", host).stdout
+        state = next((w for w in shown.split() if w.startswith("State=")), "")
+        return "DRAIN" in state
+
+    def resume_nodes(self) -> None:
+        """Every node back in service (an operator after a drill case)."""
+        for node in self.slurm.nodes:
+            if self.drained(node):
+                self.slurm.scontrol("update", f"nodename={node}", "state=resume")
 
     def resolve_all(self, note: str) -> None:
         """Resolve every open incident (an operator closing a drill case): a later case
@@ -285,6 +377,7 @@ class Cluster:
         for kind, name in reversed(self._made):
             argv = ["ip", "link", "del", name] if kind == "link" else ["ip", "netns", "del", name]
             subprocess.run(argv, capture_output=True, timeout=30)
+        self.slurm.stop()
 
 
 @contextlib.contextmanager

@@ -44,9 +44,20 @@ def free_ports(n: int) -> list[int]:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, nodes: int = 3, partition: str = "gpu") -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: int = 3,
+        partition: str = "gpu",
+        *,
+        prefix: str = "n",
+        first: int = 1,
+    ) -> None:
+        """Nodes `<prefix><first>` … (n1, n2, n3 by default; another test names them after
+        its own hosts, so that a drain of host X is a drain of Slurm node X)."""
         self.root = root
-        self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
+        self.prefix, self.first = prefix, first
+        self.nodes = [f"{prefix}{i}" for i in range(first, first + nodes)]
         self.partition = partition
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
@@ -59,7 +70,7 @@ class SlurmCluster:
         for sub in ("state", "spool", "log"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         r = self.root
-        node_list = f"n[1-{len(self.nodes)}]"
+        node_list = f"{self.prefix}[{self.first}-{self.first + len(self.nodes) - 1}]"
         self.conf.write_text(
             "\n".join(
                 [

@@ -95,12 +95,25 @@ def _clears(incident: Incident, host: str) -> bool:
 
 
 def merge(
-    open_incidents: Iterable[Incident], candidates: Iterable[IncidentCandidate]
+    open_incidents: Iterable[Incident],
+    candidates: Iterable[IncidentCandidate],
+    resolved: Iterable[Incident] = (),
 ) -> MergeResult:
     """What to open, grow and resolve so that each cause has exactly one open incident.
 
     `open_incidents` are the store's incidents that are not resolved (open or
-    acknowledged); an acknowledged incident grows like an open one."""
+    acknowledged); an acknowledged incident grows like an open one. `resolved` are resolved
+    ones: a candidate that names only jobs a resolved incident of its cause already held
+    was dealt with (an operator closed it) and opens nothing again while its strikes stay in
+    the window."""
+    closed: dict[tuple[str, str], set[str]] = {}
+    for incident in resolved:
+        closed.setdefault(incident.key, set()).update(incident.jobs)
+    candidates = [
+        c
+        for c in candidates
+        if not (c.jobs and c.verdict == "suspect" and set(c.jobs) <= closed.get(c.key, set()))
+    ]
     current: dict[tuple[str, str], Incident] = {}
     for incident in open_incidents:
         if incident.state != "resolved":

@@ -68,7 +68,8 @@ class JobOutcome:
     `category`, `root_host`, `root_rank`, `confidence`, `rule` and `evidence` are the
     report's `root_cause`; `root_gpu` is the GPU that cause names, when it names one (a PCI
     address in its evidence, or the GPU of its rank); `timeline` is the report's timeline,
-    which re-diagnosis joins with the agents' host events."""
+    which re-diagnosis joins with the agents' host events. A job whose ranks ran under one
+    wrapper each sends one report per rank: `reports.job_outcomes` makes them one."""
 
     tenant: str
     job: str
@@ -91,6 +92,7 @@ class JobOutcome:
     user: str | None = None
     name: str | None = None  # the workload's name: reruns of one workload share it
     labels: Mapping[str, str] = field(default_factory=dict)  # image, driver … as reported
+    reports: int = 1  # how many reports it was assembled from (one per host or rank)
 
     @property
     def failed(self) -> bool:

@@ -4,12 +4,16 @@ as the JobOutcome the fleet rules read.
 Report fields: id, job, user, hosts, ranks, scheduler, ended_ns, diagnosis, and optionally
 started_ns, name (the workload), gpus ([{host, pci, serial, uuid, vbios, rank}]) and labels ({driver,
 image, …}). Timeline evidence ids become `<report id>/<timeline id>` (a timeline id is
-unique only within its report). Pure: never reads the store or the clock.
+unique only within its report). A job whose ranks each ran under their own wrapper sends
+one report per rank; `job_outcomes` joins them into one JobOutcome, so that the job is
+diagnosed across all its ranks (the rank the others waited for is in nobody's own report).
+Pure: never reads the store or the clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -87,6 +91,11 @@ def outcome_from_report(report: Mapping[str, Any], *, tenant: str) -> JobOutcome
     )
     timeline = _timeline(report_id, diagnosis.get("timeline"), tenant, job)
     hosts = list(report.get("hosts") or [])
+    ranks = {g.rank: g.host for g in gpus if g.rank is not None}
+    if len(hosts) == 1:  # a report from one host: the ranks it ran are on that host
+        for reported in report.get("ranks") or ():
+            if isinstance(reported, int):
+                ranks.setdefault(reported, hosts[0])
     for record in timeline:
         if record.host and record.host not in hosts:
             hosts.append(record.host)
@@ -105,7 +114,7 @@ def outcome_from_report(report: Mapping[str, Any], *, tenant: str) -> JobOutcome
         rule=str(root.get("rule") or ""),
         evidence=tuple(evidence_id(report_id, i) for i in root.get("evidence") or ()),
         started_ns=report.get("started_ns"),
-        ranks={g.rank: g.host for g in gpus if g.rank is not None},
+        ranks=ranks,
         gpus=gpus,
         exit_code=exit_.get("code"),
         exit_signal=exit_.get("signal"),
@@ -113,4 +122,38 @@ def outcome_from_report(report: Mapping[str, Any], *, tenant: str) -> JobOutcome
         user=report.get("user"),
         name=report.get("name"),
         labels={str(k): str(v) for k, v in labels.items()},
+    )
+
+
+def job_outcomes(outcomes: Iterable[JobOutcome]) -> list[JobOutcome]:
+    """One JobOutcome per (tenant, job): the reports of one job's ranks and hosts joined
+    (hosts, ranks, GPUs and timelines together; failed when any failed; the root cause of
+    its most confident failed report until re-diagnosis names the job's own), in the order
+    of the first report of each job."""
+    groups: dict[tuple[str, str], list[JobOutcome]] = {}
+    for outcome in outcomes:
+        groups.setdefault((outcome.tenant, outcome.job), []).append(outcome)
+    return [parts[0] if len(parts) == 1 else _joined(parts) for parts in groups.values()]
+
+
+def _joined(parts: list[JobOutcome]) -> JobOutcome:
+    failed = [p for p in parts if p.failed] or parts
+    lead = max(failed, key=lambda p: (p.confidence, -p.ended_ns))
+    starts = [p.started_ns for p in parts if p.started_ns is not None]
+    ranks: dict[int, str] = {}
+    for part in parts:
+        ranks.update(part.ranks)
+    exits = [p for p in failed if p.exit_code not in (None, 0) or p.exit_signal]
+    return replace(
+        lead,
+        hosts=tuple(dict.fromkeys(h for p in parts for h in p.hosts)),
+        ended_ns=max(p.ended_ns for p in parts),
+        status="failed" if any(p.failed for p in parts) else lead.status,
+        started_ns=min(starts) if starts else None,
+        ranks=ranks,
+        gpus=tuple(dict.fromkeys(g for p in parts for g in p.gpus)),
+        exit_code=exits[0].exit_code if exits else lead.exit_code,
+        exit_signal=next((p.exit_signal for p in exits if p.exit_signal), None),
+        timeline=tuple(r for p in parts for r in p.timeline),
+        reports=len(parts),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 
 from denpex.control.fleet.config import lookup_by_pattern
 from denpex.control.fleet.context import FleetContext
@@ -398,6 +399,36 @@ def _warned_share(ctx: FleetContext, since_ns: int) -> float:
     return max(len(hosts), 1) / max(len(ctx.view.topology) or len(ctx.host_jobs), 1)
 
 
+def job_story(ctx: FleetContext) -> list[IncidentCandidate]:
+    """A job whose ranks reported apart (one report per rank or host) and that the engine,
+    over all its reports and its hosts' events together, blames on one host (rules.yaml
+    `job_story`: the rank its peers timed out waiting for, the host whose link went down):
+    that host, for that job. No one report could say it: each rank saw only its own wait.
+    Strikes a higher rule explained, and causes that are the job's own, blame nobody."""
+    cfg = ctx.config["job_story"]
+    decisive = set(cfg["rules"])
+    out = []
+    for strike in ctx.open_strikes():
+        job = strike.job
+        if job is None or job.reports < int(cfg["min_reports"]) or not strike.host:
+            continue
+        if strike.rule not in decisive or not ctx.implicating(strike):
+            continue
+        rank = next((r for r, h in sorted(job.ranks.items()) if h == strike.host), None)
+        where = f"rank {rank} on {strike.host}" if rank is not None else strike.host
+        text = (
+            f"job {job.job}: {strike.category} on {where} ({strike.rule}, over the "
+            f"{job.reports} reports of its {len(job.hosts)} hosts and their agents' events)"
+        )
+        candidate = ctx.candidate(
+            "job_story", "host", strike.host, strike.confidence, [strike], text
+        )
+        action = lookup_by_pattern(cfg["actions"], strike.category, cfg["actions"]["default"])
+        out.append(replace(candidate, action=str(action)))
+        ctx.consume([strike])
+    return out
+
+
 def recovered(ctx: FleetContext) -> list[IncidentCandidate]:
     """A host whose diagnostics passed after its last failure and that ran enough clean
     jobs since leaves suspicion (and its GPUs with it)."""
@@ -428,11 +459,13 @@ def recovered(ctx: FleetContext) -> list[IncidentCandidate]:
 
 
 # Precedence, highest first: a shared dependency or component explains strikes before any
-# host is blamed for them; `recovered` only clears.
+# host is blamed for them; a host's history (hardware_in_job, repeat_offender) before one
+# job's story; `recovered` only clears.
 RULES: tuple[Callable[[FleetContext], list[IncidentCandidate]], ...] = (
     fleet_wide,
     shared_component,
     hardware_in_job,
     repeat_offender,
+    job_story,
     recovered,
 )

@@ -1,6 +1,7 @@
-"""Strikes: what the fleet rules count. One per failed job, its cause re-diagnosed by the one
-engine (denpex.diagnosis) with the agents' host events on its hosts joined in, and one per
-agent error on hardware that no failed job's cause accounts for.
+"""Strikes: what the fleet rules count. One per failed job (its ranks' reports joined into
+one, reports.job_outcomes), its cause re-diagnosed by the one engine (denpex.diagnosis) with
+the agents' host events on its hosts joined in, and one per agent error on hardware that no
+failed job's cause accounts for.
 
 Pure: never reads the store or the clock; the caller's FleetView holds everything.
 """
@@ -15,6 +16,7 @@ from functools import lru_cache
 
 from denpex.control.fleet.config import FleetConfig
 from denpex.control.fleet.model import EvidenceRecord, FleetView, GpuRef, JobOutcome
+from denpex.control.fleet.reports import job_outcomes
 from denpex.core.events import Event, Evidence, severity_rank
 from denpex.diagnosis import DiagnosisInput, diagnose
 from denpex.diagnosis.config import load_rules
@@ -52,6 +54,7 @@ class Strike:
     job: JobOutcome | None  # None: an agent's error while no failed job explains it
     rule: str  # the per-job engine's rule, or "agent"
     hardware: bool  # an infrastructure category of the per-job rules (GPU, fabric, host)
+    confidence: float = 0.0  # the engine's confidence in the job's cause (0: an agent's)
 
     @property
     def workload(self) -> str | None:
@@ -99,10 +102,19 @@ class GpuDirectory:
         return GpuRef(host=host, pci=key, serial=serial)
 
 
-def as_evidence(record: EvidenceRecord, seq: int, job: JobOutcome | None) -> Evidence:
+def _world_size(job: JobOutcome) -> int | None:
+    """The job's world size when its reports name every rank from 0 up (the one-rank-per-
+    wrapper case: the rank that printed nothing is still known from its own report)."""
+    ranks = set(job.ranks)
+    return len(ranks) if job.reports > 1 and ranks == set(range(len(ranks))) else None
+
+
+def as_evidence(
+    record: EvidenceRecord, seq: int, job: JobOutcome | None, world_size: int | None = None
+) -> Evidence:
     """The engine's Evidence for a stored record; joined into `job` (an agent's host event),
     it says whether it is about the job or only about its host (`attrs["attribution"]`)."""
-    attrs: dict[str, object] = {}
+    attrs: dict[str, object] = {"world_size": world_size} if world_size else {}
     if job is not None:  # an agent's event joined into a job (contract: attribution)
         mine = record.job == job.job or (
             record.gpu_pci is not None
@@ -167,24 +179,42 @@ def _joined_events(job: JobOutcome, index: HostEventIndex, cfg: FleetConfig) -> 
 
 def rediagnose(
     job: JobOutcome, events: list[EvidenceRecord]
-) -> tuple[str, str | None, int | None, tuple[str, ...], str]:
+) -> tuple[str, str | None, int | None, tuple[str, ...], str, float]:
     """The one engine's root cause of `job` with `events` (agents' host evidence) joined
-    into its report's timeline: (category, host, rank, evidence ids, rule)."""
-    key = (job.tenant, job.job, job.ended_ns, tuple(e.id for e in events))
+    into its reports' timeline: (category, host, rank, evidence ids, rule, confidence). A
+    rank the cause names without a host is on the host its own report came from."""
+    key = (
+        job.tenant,
+        job.job,
+        job.ended_ns,
+        tuple((r.id, r.category) for r in job.timeline),  # a job's reports arrive apart
+        tuple(e.id for e in events),
+    )
     found = _rediagnosed.get(key)
     if found is not None:
         return found
+    world = _world_size(job)
     own_ids = {r.id for r in job.timeline}
-    items = [as_evidence(r, i, None) for i, r in enumerate(job.timeline, 1)]
+    items = [as_evidence(r, i, None, world) for i, r in enumerate(job.timeline, 1)]
     offset = len(items)
     items += [
-        as_evidence(r, offset + i, job) for i, r in enumerate(events, 1) if r.id not in own_ids
+        as_evidence(r, offset + i, job, world)
+        for i, r in enumerate(events, 1)
+        if r.id not in own_ids
     ]
     diagnosis = diagnose(
         DiagnosisInput(items, exit_code=job.exit_code, exit_signal=_signal_number(job))
     )
     root = diagnosis.root_cause
-    found = (root.category, root.host, root.rank, tuple(root.evidence), root.rule)
+    host = root.host or (job.ranks.get(root.rank) if root.rank is not None else None)
+    found = (
+        root.category,
+        host,
+        root.rank,
+        tuple(root.evidence),
+        root.rule,
+        float(root.confidence),
+    )
     if len(_rediagnosed) >= _CACHE_LIMIT:
         _rediagnosed.clear()
     _rediagnosed[key] = found
@@ -233,14 +263,14 @@ def build_strikes(view: FleetView, now_ns: int, cfg: FleetConfig) -> list[Strike
     by_id = {e.id: e for e in view.host_events}
     strikes: list[Strike] = []
     explained: set[str] = set()  # host events some job's cause already cites
-    for job in view.jobs:
+    for job in job_outcomes(view.jobs):
         if not job.failed or not (since <= job.ended_ns <= now_ns):
             continue
         joined = _joined_events(job, index, cfg)
         category, host, rank = job.category, job.root_host, job.root_rank
-        ids, rule = job.evidence, job.rule
-        if joined:
-            category, host, rank, ids, rule = rediagnose(job, joined)
+        ids, rule, confidence = job.evidence, job.rule, job.confidence
+        if joined or job.reports > 1:  # host events, or ranks no one report saw together
+            category, host, rank, ids, rule, confidence = rediagnose(job, joined)
             ids = tuple(dict.fromkeys((*ids, *job.evidence)))
         host = host or job.root_host or (job.hosts[0] if len(job.hosts) == 1 else None)
         records = [by_id[i] for i in ids if i in by_id]
@@ -257,6 +287,7 @@ def build_strikes(view: FleetView, now_ns: int, cfg: FleetConfig) -> list[Strike
                 job=job,
                 rule=rule,
                 hardware=infra(category),
+                confidence=confidence,
             )
         )
     for event in view.host_events:

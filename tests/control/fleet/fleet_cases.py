@@ -74,11 +74,12 @@ def _job(spec: dict[str, Any], states: dict[str, HostState]) -> JobOutcome:
     end = at(float(spec["end"]))
     start = at(float(spec.get("start", float(spec["end"]) - 1)))
     ident = str(spec["id"])
+    report = str(spec.get("report", ident))  # one job's ranks may report apart
     timeline = ()
     if failed:
         timeline = (
             EvidenceRecord(
-                id=f"{ident}-e1",
+                id=f"{report}-e1",
                 ts_ns=end - 1_000_000_000,
                 host=root,
                 category=category,
@@ -102,7 +103,7 @@ def _job(spec: dict[str, Any], states: dict[str, HostState]) -> JobOutcome:
         root_gpu=root_gpu,
         confidence=0.85 if failed else 0.0,
         rule="first_failing_rank" if failed else "noise_is_not_failure",
-        evidence=(f"{ident}-e1",) if failed else (),
+        evidence=(f"{report}-e1",) if failed else (),
         started_ns=start,
         ranks=ranks,
         gpus=tuple(gpus),

@@ -192,3 +192,12 @@ def test_a_correlation_loop_keeps_one_incident_as_a_host_keeps_failing():
     assert not result.opened
     (update,) = result.updated
     assert update.added_jobs == ("d1",) and update.incident.id == "inc-1"
+
+
+def test_a_resolved_cause_is_not_opened_again_for_the_jobs_it_held():
+    closed = stored(candidate(), state="resolved")
+    assert not merge([], [candidate()], [closed]).changed  # an operator closed that story
+    again = merge([], [candidate(jobs=("j1", "j2", "j3"))], [closed])
+    assert [i.jobs for i in again.opened] == [("j1", "j2", "j3")]  # a new failed job: anew
+    other = candidate(component="h06", jobs=("j9",))
+    assert [i.key for i in merge([], [candidate(), other], [closed]).opened] == [("host", "h06")]
