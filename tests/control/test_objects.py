@@ -99,7 +99,6 @@ def test_a_tenant_reaches_only_its_own_prefix(objects):
 @given(name=st.text(min_size=1, max_size=60))
 def test_any_name_is_one_segment_inside_its_kind_and_lists_back_as_itself(name):
     import tempfile
-
     from urllib.parse import quote
 
     with tempfile.TemporaryDirectory() as root:
