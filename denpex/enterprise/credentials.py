@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from denpex.core import kube_client
+
 KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # a Secret's data key (Kubernetes' own rule)
 DATA_LINK = "..data"
 
@@ -148,28 +150,9 @@ class KubeSecret:
     def _core(self) -> Any:
         if self._api is None:
             try:
-                import kubernetes as k8s
-            except ImportError:
-                raise CredentialError(
-                    "Kubernetes secrets need the kubernetes client: pip install "
-                    "'denpex[kubernetes]'"
-                ) from None
-            if self._host:
-                cfg = k8s.client.Configuration()
-                cfg.host = self._host
-                api_client = k8s.client.ApiClient(cfg)
-            else:
-                try:
-                    k8s.config.load_incluster_config()
-                    api_client = k8s.client.ApiClient()
-                except k8s.config.ConfigException:
-                    try:
-                        api_client = k8s.config.new_client_from_config()
-                    except (k8s.config.ConfigException, OSError) as exc:
-                        raise CredentialError(
-                            f"{self.describe()}: no cluster configured ({type(exc).__name__})"
-                        ) from None
-            self._api = k8s.client.CoreV1Api(api_client)
+                self._api = kube_client.core_v1(self._host)
+            except kube_client.KubeUnavailable as exc:
+                raise CredentialError(f"{self.describe()}: {exc}") from None
         return self._api
 
     def _fetch(self) -> dict[str, str]:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from denpex.core import jsonio
+from denpex.core import jsonio, kube_client
 from denpex.remediation import diagnostics
 from denpex.remediation.backend import (
     REASON_PREFIX,
@@ -36,12 +36,9 @@ __all__ = ["KubernetesBackend", "settings"]
 
 def _client() -> Any:
     try:
-        import kubernetes
-    except ImportError:
-        raise BackendError(
-            "kubernetes: the Python client is not installed (pip install 'denpex[kubernetes]')"
-        ) from None
-    return kubernetes
+        return kube_client.kubernetes_module()
+    except kube_client.KubeUnavailable as exc:
+        raise BackendError(f"kubernetes: {exc}") from None
 
 
 class KubernetesBackend(Backend):
@@ -66,23 +63,10 @@ class KubernetesBackend(Backend):
     def api(self) -> Any:
         """The CoreV1Api, configured once: an explicit host, else in-cluster, else kubeconfig."""
         if self._api is None:
-            k8s = _client()
-            if self._host:
-                cfg = k8s.client.Configuration()
-                cfg.host = self._host
-                api_client = k8s.client.ApiClient(cfg)
-            else:
-                try:
-                    k8s.config.load_incluster_config()
-                    api_client = k8s.client.ApiClient()
-                except k8s.config.ConfigException:
-                    try:
-                        api_client = k8s.config.new_client_from_config(
-                            config_file=self._kubeconfig, context=self._context
-                        )
-                    except (k8s.config.ConfigException, OSError) as exc:
-                        raise BackendError(f"kubernetes: no cluster configured ({exc})") from None
-            self._api = k8s.client.CoreV1Api(api_client)
+            try:
+                self._api = kube_client.core_v1(self._host, self._kubeconfig, self._context)
+            except kube_client.KubeUnavailable as exc:
+                raise BackendError(f"kubernetes: {exc}") from None
         return self._api
 
     def available(self) -> str | None:
