@@ -73,6 +73,7 @@ class Cluster:
         self.db = f"sqlite:///{root / 'control.db'}"
         self.processes: list[subprocess.Popen] = []
         self.kmsg_fds: list[int] = []
+        self.kmsg_seq: list[int] = []  # each host's last injected kernel-log record
         self._made: list[tuple[str, str]] = []
         self.token = ""
         self.admin_token = ""
@@ -134,6 +135,7 @@ class Cluster:
         os.mkfifo(dev / "kmsg")
         # held open for writing by the test: the agent never sees end of file
         self.kmsg_fds.append(os.open(dev / "kmsg", os.O_RDWR | os.O_NONBLOCK))
+        self.kmsg_seq.append(0)
         config = state / "agent.yaml"
         config.write_text(
             jsonio.dumps(
@@ -249,21 +251,25 @@ class Cluster:
         self._wait(path.exists, f"rank {rank} to start", timeout_s)
         return int(path.read_text())
 
-    def link_down_line(self, host: int, seq: int) -> None:
+    def _kernel_log(self, host: int, level: int, message: str) -> None:
+        """One record in host `host`'s fixture kernel log, numbered after the last one: the
+        agent reads a record once, by its sequence number, as it reads /dev/kmsg."""
+        self.kmsg_seq[host] += 1
+        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
+        record = KmsgRecord(0, level, self.kmsg_seq[host], usec, "-", message)
+        os.write(self.kmsg_fds[host], format_record(record))
+
+    def link_down_line(self, host: int) -> None:
         """The line a NIC's driver writes to its kernel log when its port loses the link
         (mlx5's), in host `host`'s kernel log: a veth has no driver that says it, so the test
         says it for the port it takes down, marked like every injected line."""
-        message = f"mlx5_core 0000:3b:00.0 eth0: Link down {TEST_MARKER}"
-        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-        os.write(self.kmsg_fds[host], format_record(KmsgRecord(0, 4, seq, usec, "-", message)))
+        self._kernel_log(host, 4, f"mlx5_core 0000:3b:00.0 eth0: Link down {TEST_MARKER}")
 
-    def xid(self, host: int, pid: int, seq: int) -> None:
+    def xid(self, host: int, pid: int) -> None:
         """An Xid 79 naming `pid`, in host `host`'s kernel log (the agent's fixture source),
         marked like every line a test injects."""
         message = f"NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, GPU has fallen off the bus."
-        message += f" {TEST_MARKER}"
-        usec = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6)
-        os.write(self.kmsg_fds[host], format_record(KmsgRecord(0, 3, seq, usec, "-", message)))
+        self._kernel_log(host, 3, f"{message} {TEST_MARKER}")
 
     # -- the control plane -----------------------------------------------------------------
     def api(self, path: str, *, auth: bool = True) -> dict | None:

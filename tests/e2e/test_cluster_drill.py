@@ -173,11 +173,11 @@ def _drill_case(
     time.sleep(2)  # a few steps in
     injected = time.monotonic()
     if case == "xid":
-        c.xid(FAULTY, pid, seq=1)
+        c.xid(FAULTY, pid)
         time.sleep(1)
         (control / f"lost{FAULTY}").write_text("")  # the framework's CUDA error follows
     elif case == "link":
-        c.link_down_line(FAULTY, seq=2)
+        c.link_down_line(FAULTY)
         subprocess.run(["ip", "link", "set", c.links[FAULTY], "down"], check=True)
     elif case == "oom":
         (control / f"hog{FAULTY}").write_text("")
