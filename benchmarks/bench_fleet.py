@@ -1,4 +1,4 @@
-"""Fleet replay benchmark (issue 18 item 7): a seeded fleet with injected faults of known
+"""Fleet replay benchmark: a seeded fleet with injected faults of known
 truth (fleet_sim.py) replayed through the control plane's ingest and fleet rules, scored
 against the truth. Prints JSON.
 

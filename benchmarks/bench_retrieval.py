@@ -9,7 +9,7 @@ together; both see the texts `normalise` leaves). A hit is a top-3 entry of the 
 category (`category`); `own` asks more: the entry of the very signature the diagnosis named,
 counted on the logs it diagnosed right. The real logs are scored as their two splits (`dev`,
 which retrieval was tuned on with the synthetic logs, and `holdout`, which it never was).
-Target (issue 19): category recall@3 >= 0.90 for the embeddings, and above BM25's. Prints JSON.
+Target: category recall@3 >= 0.90 for the embeddings, and above BM25's. Prints JSON.
 The PostgreSQL crossover (`--pg-sizes`) runs on pgserver's PostgreSQL 16 + pgvector in a
 temporary folder: pgvector's exact `<=>` scan against numpy over the bytea vectors read out
 of PostgreSQL each query (the fallback's way), both over one tenant's rows.

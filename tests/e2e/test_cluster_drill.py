@@ -36,7 +36,7 @@ pytestmark = [
 FAULTY = 2  # the rank (and host) every case breaks
 INCIDENT_WAIT_S = 180
 START_WAIT_S = 300  # four torch imports on two cores shared with other work can be slow
-CORDON_WAIT_S = 60  # issue 20's target: detect → cordon within a minute
+CORDON_WAIT_S = 60  # the remediation target: detect → cordon within a minute
 # reversible steps (cordon, drain, checkpoint) run; every case breaks drill-node2 on purpose,
 # so it is no lemon, and the cases are more than the blast-radius window apart
 AUTOSAFE = {

@@ -25,7 +25,7 @@ GOLDEN_PAGE = Path(__file__).resolve().parents[1] / "agent" / "goldens" / "metri
 GPU_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
 MIG_LABELS = {"GPU_I_PROFILE", "GPU_I_ID"}
 XID_ATTRIBUTES = {"err_code", "err_msg"}  # gpu_collector.go, on DCGM_FI_DEV_XID_ERRORS only
-# the defaults issue 16 found missing (beside the DRIVER_VERSION label and the MIG labels)
+# the defaults that were missing (beside the DRIVER_VERSION label and the MIG labels)
 ONCE_MISSING = (
     "DCGM_FI_DEV_MEMORY_TEMP",
     "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",

@@ -1,4 +1,4 @@
-"""The fleet rules of issue 18 item 3, each a small named function over a FleetContext.
+"""The fleet rules (DESIGN §6), each a small named function over a FleetContext.
 
 A rule returns the candidates it found and marks the strikes it explained, so that a lower
 rule never blames a host for what a higher one pinned on a shared cause. Thresholds come
