@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
