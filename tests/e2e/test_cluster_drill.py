@@ -100,18 +100,24 @@ def story_root(c: Cluster, job: str, since: float) -> tuple[float | None, dict |
 
 
 def time_to_cordon(
-    c: Cluster, incident_id: int, host: str, since: float, wait_s: float
+    c: Cluster, host: str, since: float, since_ns: int, wait_s: float
 ) -> float | None:
-    """Seconds from `since` until the incident's own plan has cordoned and Slurm shows
-    `host` drained, waiting up to `wait_s` more."""
+    """Seconds from `since` until a plan made for this case on `host` (created after
+    `since_ns`, wall clock) has cordoned and Slurm shows `host` drained, waiting up to
+    `wait_s` more. Any of the story's plans counts: a job's incident and the host incident
+    above it each get one, and the first to cordon holds the other by the pool's guard."""
     deadline = time.monotonic() + wait_s
     while True:
-        plan = c.plan_of(incident_id)
-        moved = plan is not None and (plan["state"], plan["status"]) not in (
-            ("cordon", "held"),
-            ("cordon", "active"),
-        )
-        if moved and plan["status"] != "observed" and c.drained(host):
+        page = c.api("/api/v1/remediation/plans") or {"items": []}
+        moved = [
+            p
+            for p in page["items"]
+            if p["host"] == host
+            and p["created_ns"] >= since_ns
+            and p["status"] != "observed"
+            and (p["state"], p["status"]) not in (("cordon", "held"), ("cordon", "active"))
+        ]
+        if moved and c.drained(host):
             return time.monotonic() - since
         if time.monotonic() >= deadline:
             return None
@@ -171,7 +177,7 @@ def _drill_case(
     steps = 60 if case != "stuck" else 100000
     job, ranks, pid = start_job(c, f"drill-{case}", control, steps, cgroups)
     time.sleep(2)  # a few steps in
-    injected = time.monotonic()
+    injected, injected_ns = time.monotonic(), time.time_ns()
     if case == "xid":
         c.xid(FAULTY, pid)
         time.sleep(1)
@@ -202,7 +208,7 @@ def _drill_case(
     category = incident["category"]
     cordon = None
     if incident.get("action") == "drain_node" and host:  # the policy lets it cordon
-        cordon = time_to_cordon(c, int(incident["id"]), host, injected, CORDON_WAIT_S)
+        cordon = time_to_cordon(c, host, injected, injected_ns, CORDON_WAIT_S)
     return Outcome(
         case,
         seconds,
