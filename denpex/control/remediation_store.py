@@ -417,12 +417,12 @@ class RemediationStore:
                 int(r.ts_ns) for r in conn.execute(self._finished(State.CORDON, since_ns, pool))
             ]
 
-    def unhealthy_hosts(self, pool: str | None) -> int:
+    def unhealthy_hosts(self, pool: str | None) -> set[str]:
         """Hosts of the pool we cordoned whose plan has not given them back (resumed)."""
         with self.db.system_tx() as conn:
             cordoned = {r.host for r in conn.execute(self._finished(State.CORDON, 0, pool))}
             resumed = {r.host for r in conn.execute(self._finished(State.RESUME, 0, pool))}
-        return len(cordoned - resumed)
+        return cordoned - resumed
 
     def backend_ops(self, since_ns: int) -> Sequence[int]:
         with self.db.system_tx() as conn:

@@ -72,7 +72,7 @@ class PlanLog(Protocol):
 
     def cordons(self, pool: str | None, since_ns: int) -> Sequence[int]: ...
 
-    def unhealthy_hosts(self, pool: str | None) -> int: ...
+    def unhealthy_hosts(self, pool: str | None) -> set[str]: ...
 
     def backend_ops(self, since_ns: int) -> Sequence[int]: ...
 
@@ -191,9 +191,10 @@ class Executor:
         except BackendError as exc:
             return f"the blast radius cannot be checked: {exc}"
         window_ns = int(g.blast_radius.window_s * 1e9)
-        view = guards.PoolView(
-            pool, size, self.log.unhealthy_hosts(pool), self.log.cordons(pool, now_ns - window_ns)
-        )
+        # the plan's own host, when it is already out, adds nothing to the pool's unhealthy
+        # share: a story's second plan on a host its first one cordoned must not trip the stop
+        others = self.log.unhealthy_hosts(pool) - {plan.target.host}
+        view = guards.PoolView(pool, size, len(others), self.log.cordons(pool, now_ns - window_ns))
         stop = guards.unhealthy_stop(view, g)
         if stop:
             self.log.trip_guard(pool, stop, now_ns)

@@ -142,21 +142,22 @@ class AuditFileLog:
     def trip_guard(self, pool: str | None, reason: str, now_ns: int) -> None:
         self.append("plan.held", "policy", f"pool {pool or '-'}", {}, {"reason": reason}, now_ns)
 
-    def _ours(self, pool: str | None) -> tuple[int, int]:
-        """(hosts of the pool held by a denpex reason, hosts not schedulable)."""
+    def _ours(self, pool: str | None) -> tuple[int, set[str]]:
+        """(hosts of the pool held by a denpex reason, the hosts not schedulable)."""
         if not pool:
-            return 0, 0
-        ours = unhealthy = 0
+            return 0, set()
+        ours, unhealthy = 0, set()
         for host in self.backend.pool_hosts(pool, timeout_s=10):
             state = self.backend.state(Target(TargetKind.HOST, host), timeout_s=10)
             ours += bool(state.reason and state.reason.startswith(REASON_PREFIX))
-            unhealthy += not state.schedulable
+            if not state.schedulable:
+                unhealthy.add(host)
         return ours, unhealthy
 
     def cordons(self, pool: str | None, since_ns: int) -> Sequence[int]:
         return [time.time_ns()] * self._ours(pool)[0]  # held now: counted as within the window
 
-    def unhealthy_hosts(self, pool: str | None) -> int:
+    def unhealthy_hosts(self, pool: str | None) -> set[str]:
         return self._ours(pool)[1]
 
     def _finished(self, since_ns: int, host: str | None = None) -> list[int]:

@@ -121,7 +121,7 @@ class NotifyingLog:
     def cordons(self, pool: str | None, since_ns: int) -> Sequence[int]:
         return self.log.cordons(pool, since_ns)
 
-    def unhealthy_hosts(self, pool: str | None) -> int:
+    def unhealthy_hosts(self, pool: str | None) -> set[str]:
         return self.log.unhealthy_hosts(pool)
 
     def backend_ops(self, since_ns: int) -> Sequence[int]:

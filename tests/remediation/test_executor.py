@@ -17,8 +17,16 @@ NOW = time.time_ns()
 
 
 class MemoryLog:
-    def __init__(self, *, tripped: str | None = None, ops: int = 0, incidents: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        tripped: str | None = None,
+        ops: int = 0,
+        incidents: int = 0,
+        unhealthy: tuple[str, ...] = (),
+    ) -> None:
         self.events: list[tuple] = []
+        self.unhealthy = unhealthy
         self.tripped = tripped
         self.ops = [NOW] * ops
         self.incidents = [NOW] * incidents
@@ -42,7 +50,7 @@ class MemoryLog:
         return []
 
     def unhealthy_hosts(self, pool):
-        return 0
+        return set(self.unhealthy)
 
     def backend_ops(self, since_ns):
         return self.ops
@@ -102,6 +110,17 @@ def test_tripped_guard_holds_and_rate_limit_defers() -> None:
     backend, log = PoolBackend(), MemoryLog(ops=30)  # 30 in the last minute: the limit
     after = Executor(backend, log, POLICY).run(record(State.CORDON), NOW)
     assert backend.calls == [] and log.events == [] and after.state is State.CORDON
+
+
+def test_the_plans_own_host_already_out_does_not_trip_the_unhealthy_stop() -> None:
+    # 2 of 10 unhealthy is the 20 % stop; when one of them is the plan's own host (a second
+    # plan on a host the first one cordoned) the pool is no worse for this cordon
+    backend, log = PoolBackend(), MemoryLog(unhealthy=("n1", "n2"))
+    Executor(backend, log, POLICY).run(record(State.CORDON), NOW)
+    assert backend.calls[0][0] == "cordon" and log.tripped is None
+    backend, log = PoolBackend(), MemoryLog(unhealthy=("n2", "n3"))
+    Executor(backend, log, POLICY).run(record(State.CORDON), NOW)
+    assert backend.calls == [] and log.tripped and "2 of 10" in log.tripped
 
 
 def test_a_lemon_goes_to_rma_not_back_to_service() -> None:
