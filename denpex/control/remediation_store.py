@@ -9,19 +9,16 @@ without checking its fence, nor let a decision through without naming the human.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from denpex.control import audit_log
 from denpex.control import schema as s
-from denpex.control.db import Database
-from denpex.control.store import Conflict, Fence, NotFound, check_fence
+from denpex.control.fenced_store import FencedTenantStore
+from denpex.control.store import Conflict, NotFound
 from denpex.core import jsonio
-from denpex.enterprise import Principal, is_authentic
 from denpex.remediation import executor as ex
 from denpex.remediation.machine import Event, State, info
 from denpex.remediation.plan import Plan, plan_from_dict
@@ -30,29 +27,8 @@ from denpex.remediation.policy import Policy, Tier, default_policy_dict, parse_p
 P, ST = s.remediation_plans, s.remediation_steps
 
 
-class RemediationStore:
-    def __init__(self, db: Database, tenant: str, fence: Fence | None) -> None:
-        self.db = db
-        self.tenant = tenant
-        self.fence = fence
-
-    @classmethod
-    def scoped(cls, db: Database, principal: Principal) -> RemediationStore:
-        if not is_authentic(principal):
-            raise PermissionError("remediation needs a Principal from denpex.enterprise")
-        return cls(db, principal.tenant, None)
-
-    @contextmanager
-    def _write(self, *, fenced: bool) -> Iterator[Connection]:
-        with self.db.system_tx(write=True) as conn:
-            if fenced:
-                if self.fence is None:
-                    raise PermissionError("the executor writes behind the leader's fence")
-                check_fence(conn, self.fence, postgres=self.db.postgres)
-            yield conn
-
-    def _audit(self, conn: Connection, now_ns: int, kind: str, actor: str, **fields: Any) -> None:
-        audit_log.append(conn, ts_ns=now_ns, kind=kind, actor=actor, tenant=self.tenant, **fields)
+class RemediationStore(FencedTenantStore):
+    subject = "remediation"
 
     # --- policy ------------------------------------------------------------------------------
 

@@ -11,46 +11,23 @@ fence.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from denpex.control import audit_log
 from denpex.control import schema as s
-from denpex.control.db import Database
-from denpex.control.store import Conflict, Fence, NotFound, check_fence
+from denpex.control.fenced_store import FencedTenantStore
+from denpex.control.store import Conflict, NotFound
 from denpex.core import jsonio
-from denpex.enterprise import Principal, is_authentic
 from denpex.remediation.spares import REMOVING, REQUESTED, TAKEN, UNCHECKED, Spare, SparePool
 
 SP = s.remediation_spares
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # a scheduler's node name
 
 
-class SpareStore:
-    def __init__(self, db: Database, tenant: str, fence: Fence | None) -> None:
-        self.db, self.tenant, self.fence = db, tenant, fence
-
-    @classmethod
-    def scoped(cls, db: Database, principal: Principal) -> SpareStore:
-        if not is_authentic(principal):
-            raise PermissionError("the spare pool needs a Principal from denpex.enterprise")
-        return cls(db, principal.tenant, None)
-
-    @contextmanager
-    def _write(self, *, fenced: bool) -> Iterator[Connection]:
-        with self.db.system_tx(write=True) as conn:
-            if fenced:
-                if self.fence is None:
-                    raise PermissionError("the leader writes the spare pool behind its fence")
-                check_fence(conn, self.fence, postgres=self.db.postgres)
-            yield conn
-
-    def _audit(self, conn: Connection, now_ns: int, kind: str, actor: str, **fields: Any) -> None:
-        audit_log.append(conn, ts_ns=now_ns, kind=kind, actor=actor, tenant=self.tenant, **fields)
+class SpareStore(FencedTenantStore):
+    subject = "the spare pool"
 
     def _row(self, conn: Connection, host: str) -> Any:
         return conn.execute(
