@@ -28,6 +28,7 @@ from denpex.core.detectors import detector_evidence
 from denpex.core.events import Event, Evidence, metric
 from denpex.core.sdk_wire import coverage_event
 from denpex.sdk.progress_store import StoreLink, open_store
+from denpex.sdk.step_findings import process_state_event
 from denpex.series.findings import Finding
 from denpex.series.progress import (
     PeerView,
@@ -374,15 +375,7 @@ class ProgressMonitor:
             self._send(self._finding_evidence(finding, f"sdk:{finding.signature}:{self._step}"))
 
     def _finding_evidence(self, finding: Finding, evidence_id: str) -> Evidence:
-        event = Event(
-            body="",
-            ts_ns=time.time_ns(),
-            host=self.host,
-            source="sdk",
-            kind="state",
-            rank=self.rank,
-            pid=os.getpid(),
-        )
+        event = process_state_event(self.host, self.rank)
         return finding.evidence(event, evidence_id, {"rank": str(self.rank), "host": self.host})
 
     def _coverage_lost(self, since_step: int, reason: str) -> None:

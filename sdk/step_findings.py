@@ -24,6 +24,19 @@ log = logging.getLogger("denpex.sdk")
 Emit = Callable[[Evidence | Event], None]
 
 
+def process_state_event(host: str, rank: int | None) -> Event:
+    """The SDK state event a finding of this training process is evidence about (now)."""
+    return Event(
+        body="",
+        ts_ns=time.time_ns(),
+        host=host,
+        source="sdk",
+        kind="state",
+        rank=rank,
+        pid=os.getpid(),
+    )
+
+
 class StepFindings:
     """One per training process: `loss(step, value)` on the steps the loss is read,
     `send_once(key, finding)` for any other finding of this rank (`source` names the
@@ -65,15 +78,7 @@ class StepFindings:
         if key in self._reported:
             return
         self._reported.add(key)
-        event = Event(
-            body="",
-            ts_ns=time.time_ns(),
-            host=self.host,
-            source="sdk",
-            kind="state",
-            rank=self.rank,
-            pid=os.getpid(),
-        )
+        event = process_state_event(self.host, self.rank)
         evidence = finding.evidence(event, f"sdk-{self.source}-{self.host}-{os.getpid()}-{key}")
         try:
             if self._emit is not None:
