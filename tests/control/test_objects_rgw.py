@@ -16,11 +16,14 @@ import pytest
 from denpex.control.objects import ObjectError, ObjectNotFound, open_objects
 from tests.control.rgw_server import CephRgw, missing_binaries
 
-pytestmark = pytest.mark.skipif(
-    bool(missing_binaries()),
-    reason=f"Ceph RGW not installed ({', '.join(missing_binaries())} missing): "
-    "apt-get install ceph-mon ceph-osd radosgw ceph-common (scripts/system-packages.txt)",
-)
+pytestmark = [
+    pytest.mark.slow,  # a Ceph monitor, OSD and radosgw start for the module (~15 s)
+    pytest.mark.skipif(
+        bool(missing_binaries()),
+        reason=f"Ceph RGW not installed ({', '.join(missing_binaries())} missing): "
+        "apt-get install ceph-mon ceph-osd radosgw ceph-common (scripts/system-packages.txt)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")
