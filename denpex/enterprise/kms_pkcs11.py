@@ -61,10 +61,19 @@ def _pin(attrs: dict[str, str]) -> str:
 
 
 # A PKCS#11 login holds for the whole process (a second C_Login is refused), so every KMS
-# of one token shares one logged-in session and one lock: operations on a session never
-# interleave. Keyed by module and token; the PIN's hash proves a later opener knows it too.
-_SESSIONS: dict[tuple[str, str], tuple[Any, threading.Lock, bytes]] = {}
+# of one token shares one logged-in session. python-pkcs11 initialises a module with
+# C_Initialize(NULL), which promises the module that no two threads call it at once (PKCS#11
+# 2.40 §5.4: SoftHSM2 then takes no locks of its own): one lock per module, held for every
+# call into it, keeps that promise. Keyed by module and token; the PIN's hash proves a later
+# opener knows it too.
+_SESSIONS: dict[tuple[str, str], tuple[Any, bytes]] = {}
+_MODULE_LOCKS: dict[str, threading.Lock] = {}
 _SESSIONS_LOCK = threading.Lock()
+
+
+def _module_lock(module: str) -> threading.Lock:
+    with _SESSIONS_LOCK:
+        return _MODULE_LOCKS.setdefault(module, threading.Lock())
 
 
 def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
@@ -74,12 +83,13 @@ def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
 
     module, label, pin = attrs["module-path"], attrs["token"], _pin(attrs)
     digest = hashlib.sha256(pin.encode()).digest()
-    with _SESSIONS_LOCK:
+    lock = _module_lock(module)
+    with lock:
         known = _SESSIONS.get((module, label))
         if known is not None:
-            if known[2] != digest:
+            if known[1] != digest:
                 raise KmsError(f"PKCS#11: wrong PIN for token {label!r}")
-            return known[0], known[1]
+            return known[0], lock
         try:
             lib = pkcs11.lib(module)
         except (pkcs11.PKCS11Error, RuntimeError, OSError) as exc:
@@ -88,8 +98,21 @@ def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
             session = lib.get_token(token_label=label).open(rw=True, user_pin=pin)
         except pkcs11.PKCS11Error as exc:
             raise KmsError(f"PKCS#11: cannot open token {label!r} ({type(exc).__name__})") from None
-        _SESSIONS[(module, label)] = (session, threading.Lock(), digest)
-        return session, _SESSIONS[(module, label)][1]
+        _SESSIONS[(module, label)] = (session, digest)
+        return session, lock
+
+
+def open_token(uri: str) -> None:
+    """Load the module and log in to the token of `uri` now, once for the process.
+
+    Called before a process starts its threads (the server, at start-up): a module's
+    C_Initialize may change process-wide state (SoftHSM2 sets OpenSSL's default random
+    engine), which races any other thread using libcrypto at that moment."""
+    try:
+        import pkcs11  # noqa: F401
+    except ImportError:
+        raise KmsError(f"the PKCS#11 KMS needs python-pkcs11 ({INSTALL_HINT})") from None
+    _session(parse_uri(uri))
 
 
 class Pkcs11Kms:

@@ -104,3 +104,41 @@ def test_uri_attributes_and_what_is_missing():
         parse_uri("pkcs11:token;object=k?module-path=/x")
     with pytest.raises(KmsError, match="cannot load module /nonexistent/p11"):
         Pkcs11Kms("pkcs11:token=t;object=k?module-path=/nonexistent/p11.so&pin-value=1")
+
+
+STARTUP = """
+import sys, threading
+from denpex.control.server import Runtime, ServerOptions
+from denpex.enterprise import kms_pkcs11
+from denpex.enterprise.kms import KmsError
+url, uri = sys.argv[1:3]
+try:
+    runtime = Runtime(ServerOptions(url=url, kms_url=uri))
+except KmsError as e:
+    print("refused:", e)
+else:
+    print("sessions:", len(kms_pkcs11._SESSIONS), "threads:", threading.active_count())
+"""
+
+
+def test_the_server_logs_in_to_its_token_at_start_up(token, tmp_path):
+    """Before it has other threads (kms_pkcs11.open_token), and a wrong PIN stops it there."""
+    bad = tmp_path / "bad-pin"
+    bad.write_text("9999-wrong-pin\n")
+    env = {**os.environ, "SOFTHSM2_CONF": str(token.conf)}
+    outputs = []
+    for uri in (
+        token.uri("kek-start"),
+        token.uri("kek-start").replace(str(token.pin_file), str(bad)),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", STARTUP, f"sqlite:///{tmp_path / 'control.db'}", uri],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert out.returncode == 0, out.stderr
+        outputs.append(out.stdout.strip())
+    assert outputs[0] == "sessions: 1 threads: 1"  # no secret was used: logged in all the same
+    assert outputs[1] == f"refused: PKCS#11: cannot open token '{token.label}' (PinIncorrect)"
