@@ -160,13 +160,12 @@ class Runtime:
         if options.saml is not None:
             self.saml = SamlServiceProvider(options.saml, StoreSamlLedger(self.db))
             self.identity.sync_mappings("saml", options.saml.rules_by_tenant(), time.time_ns())
-        self.secrets = SecretStore(
-            self.db, lambda: open_kms(kms_url(options.kms_url), credentials=self.credentials)
-        )
-        if kms_url(options.kms_url).startswith("pkcs11:"):
+        kms = kms_url(options.kms_url)
+        self.secrets = SecretStore(self.db, lambda: open_kms(kms, credentials=self.credentials))
+        if kms.startswith("pkcs11:"):
             from denpex.enterprise.kms_pkcs11 import open_token
 
-            open_token(kms_url(options.kms_url))  # now, before this process has other threads
+            open_token(kms)  # now, before this process has other threads
         self.mfa = MfaStore(self.db, self.secrets)
         self.objects: ObjectStore = open_objects(objects_url(options.objects_url))
         self.objects.backend.check()  # fail fast: a missing bucket is a start-up error

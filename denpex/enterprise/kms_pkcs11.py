@@ -76,11 +76,19 @@ def _module_lock(module: str) -> threading.Lock:
         return _MODULE_LOCKS.setdefault(module, threading.Lock())
 
 
+def _pkcs11() -> Any:
+    """python-pkcs11, or a KmsError saying how to install it."""
+    try:
+        import pkcs11
+    except ImportError:
+        raise KmsError(f"the PKCS#11 KMS needs python-pkcs11 ({INSTALL_HINT})") from None
+    return pkcs11
+
+
 def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
     import hashlib
 
-    import pkcs11
-
+    pkcs11 = _pkcs11()
     module, label, pin = attrs["module-path"], attrs["token"], _pin(attrs)
     digest = hashlib.sha256(pin.encode()).digest()
     lock = _module_lock(module)
@@ -108,10 +116,6 @@ def open_token(uri: str) -> None:
     Called before a process starts its threads (the server, at start-up): a module's
     C_Initialize may change process-wide state (SoftHSM2 sets OpenSSL's default random
     engine), which races any other thread using libcrypto at that moment."""
-    try:
-        import pkcs11  # noqa: F401
-    except ImportError:
-        raise KmsError(f"the PKCS#11 KMS needs python-pkcs11 ({INSTALL_HINT})") from None
     _session(parse_uri(uri))
 
 
@@ -121,12 +125,8 @@ class Pkcs11Kms:
     name = "pkcs11"
 
     def __init__(self, uri: str) -> None:
-        try:
-            import pkcs11
-        except ImportError:
-            raise KmsError(f"the PKCS#11 KMS needs python-pkcs11 ({INSTALL_HINT})") from None
+        self._p11 = _pkcs11()
         attrs = parse_uri(uri)
-        self._p11 = pkcs11
         self.label = attrs["object"]
         self._session, self._lock = _session(attrs)
         with self._lock:
