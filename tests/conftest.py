@@ -23,11 +23,7 @@ if _MISSING:
     )
 
 import os  # noqa: E402  (after the check above, on purpose)
-import shutil  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
 from importlib import resources  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 # Retrieval under every verdict loads a 23 MB model in each `denpex run`/`scan` a test starts:
 # off for the suite (subprocesses inherit it); tests/retrieval turns it on where it is tested.
@@ -49,17 +45,6 @@ def _objects_in_a_temporary_folder(tmp_path_factory):
     os.environ["DENPEX_OBJECTS"] = f"file://{tmp_path_factory.mktemp('objects')}"
     yield
     os.environ.pop("DENPEX_OBJECTS", None)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """A run that collected the PKCS#11 tests logs in to their SoftHSM2 token now, before any
-    test starts a thread (tests/enterprise/softhsm.py says why)."""
-    softhsm = sys.modules.get("tests.enterprise.softhsm")
-    if softhsm is None or not session.items:
-        return
-    folder = Path(tempfile.mkdtemp(prefix="denpex-softhsm-"))
-    session.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
-    softhsm.open_before_threads(folder)
 
 
 @pytest.fixture(scope="session")

@@ -165,7 +165,7 @@ class Runtime:
         if kms.startswith("pkcs11:"):
             from denpex.enterprise.kms_pkcs11 import open_token
 
-            open_token(kms)  # now, before this process has other threads
+            open_token(kms)  # a wrong PIN stops the start, not a later request
         self.mfa = MfaStore(self.db, self.secrets)
         self.objects: ObjectStore = open_objects(objects_url(options.objects_url))
         self.objects.backend.check()  # fail fast: a missing bucket is a start-up error

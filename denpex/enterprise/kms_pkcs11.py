@@ -85,6 +85,21 @@ def _pkcs11() -> Any:
     return pkcs11
 
 
+_ISOLATED: dict[str, Any] = {}
+
+
+def _load_isolated(module: str) -> None:
+    """Load `module` so that it calls the crypto library it was linked with, whatever else
+    the process has loaded: a library loaded with RTLD_GLOBAL that exports the same names
+    (TensorFlow's libtensorflow_framework exports BoringSSL's EVP_*) would otherwise take
+    SoftHSM2's OpenSSL calls and crash it in C_Login. python-pkcs11's own dlopen of the same
+    path then gets this copy (RTLD_DEEPBIND: the module's own dependencies come first)."""
+    import ctypes
+
+    if module not in _ISOLATED:
+        _ISOLATED[module] = ctypes.CDLL(module, mode=os.RTLD_LAZY | os.RTLD_DEEPBIND)
+
+
 def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
     import hashlib
 
@@ -99,6 +114,7 @@ def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
                 raise KmsError(f"PKCS#11: wrong PIN for token {label!r}")
             return known[0], lock
         try:
+            _load_isolated(module)
             lib = pkcs11.lib(module)
         except (pkcs11.PKCS11Error, RuntimeError, OSError) as exc:
             raise KmsError(f"PKCS#11: cannot load module {module} ({type(exc).__name__})") from None
@@ -111,11 +127,9 @@ def _session(attrs: dict[str, str]) -> tuple[Any, threading.Lock]:
 
 
 def open_token(uri: str) -> None:
-    """Load the module and log in to the token of `uri` now, once for the process.
-
-    Called before a process starts its threads (the server, at start-up): a module's
-    C_Initialize may change process-wide state (SoftHSM2 sets OpenSSL's default random
-    engine), which races any other thread using libcrypto at that moment."""
+    """Load the module and log in to the token of `uri` now, once for the process: the
+    server calls it at start-up, so that a wrong PIN or a missing token stops the start, not
+    the first request that needs a key."""
     _session(parse_uri(uri))
 
 

@@ -62,22 +62,3 @@ def make_token(folder: Path, label: str = "denpex-test") -> Token:
     pin_file.chmod(0o600)
     _MADE.append(Token(label, module, pin_file, conf))
     return _MADE[0]
-
-
-def open_before_threads(folder: Path) -> None:
-    """Make the token and log in to it before any test has run (tests/conftest.py, once
-    collection is done), as the server opens its token at start-up: SoftHSM2's C_Initialize
-    sets OpenSSL's default random engine, which races the libcrypto calls of threads that
-    earlier tests leave running in a long run. Without SoftHSM2 (or python-pkcs11) it does
-    nothing: the tests that need it then fail, saying what to install."""
-    if shutil.which("softhsm2-util") is None or not any(
-        Path(m).exists() for m in MODULE_CANDIDATES
-    ):
-        return
-    from denpex.enterprise.kms import KmsError
-    from denpex.enterprise.kms_pkcs11 import open_token
-
-    try:
-        open_token(make_token(folder).uri("denpex-preload"))
-    except KmsError:
-        pass  # the PKCS#11 tests open it again and fail with this error, each as itself

@@ -122,7 +122,7 @@ else:
 
 
 def test_the_server_logs_in_to_its_token_at_start_up(token, tmp_path):
-    """Before it has other threads (kms_pkcs11.open_token), and a wrong PIN stops it there."""
+    """kms_pkcs11.open_token at start-up: a wrong PIN stops the start."""
     bad = tmp_path / "bad-pin"
     bad.write_text("9999-wrong-pin\n")
     env = {**os.environ, "SOFTHSM2_CONF": str(token.conf)}
@@ -142,3 +142,35 @@ def test_the_server_logs_in_to_its_token_at_start_up(token, tmp_path):
         outputs.append(out.stdout.strip())
     assert outputs[0] == "sessions: 1 threads: 1"  # no secret was used: logged in all the same
     assert outputs[1] == f"refused: PKCS#11: cannot open token '{token.label}' (PinIncorrect)"
+
+
+# A library loaded with RTLD_GLOBAL that exports OpenSSL's names, as TensorFlow's
+# libtensorflow_framework.so.2 exports BoringSSL's: without isolation, SoftHSM2's C_Login
+# called this EVP_DigestFinal_ex instead of its own libcrypto's and crashed.
+HIJACKER = r"""
+#include <stdlib.h>
+int EVP_DigestFinal_ex(void *ctx, unsigned char *md, unsigned int *size) { abort(); }
+"""
+
+HIJACKED_LOGIN = """
+import ctypes, hashlib, os, ssl, sys  # libcrypto first, its names bound now, as in any process
+ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | os.RTLD_GLOBAL)
+from denpex.enterprise.kms_pkcs11 import open_token
+open_token(sys.argv[2])
+print("logged in")
+"""
+
+
+def test_the_module_keeps_its_own_crypto_library_when_another_exports_its_names(token, tmp_path):
+    source = tmp_path / "hijack.c"
+    source.write_text(HIJACKER)
+    library = tmp_path / "libhijack.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", HIJACKED_LOGIN, str(library), token.uri("kek-hijack")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "SOFTHSM2_CONF": str(token.conf)},
+    )
+    assert (out.returncode, out.stdout.strip()) == (0, "logged in"), out.stderr
