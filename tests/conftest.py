@@ -23,6 +23,7 @@ if _MISSING:
     )
 
 import os  # noqa: E402  (after the check above, on purpose)
+import sys  # noqa: E402
 from importlib import resources  # noqa: E402
 
 # Retrieval under every verdict loads a 23 MB model in each `denpex run`/`scan` a test starts:
@@ -45,6 +46,25 @@ def _objects_in_a_temporary_folder(tmp_path_factory):
     os.environ["DENPEX_OBJECTS"] = f"file://{tmp_path_factory.mktemp('objects')}"
     yield
     os.environ.pop("DENPEX_OBJECTS", None)
+
+
+def _tensorflow_check(where: str) -> None:
+    """The suite's process never imports TensorFlow (tests/sdk/children/tensorflow_cases.py
+    says why; its child pytest sets DENPEX_TESTS_WITH_TENSORFLOW)."""
+    if "tensorflow" in sys.modules and not os.environ.get("DENPEX_TESTS_WITH_TENSORFLOW"):
+        pytest.fail(
+            f"TensorFlow was imported {where}: it takes OpenSSL's names from every library "
+            "loaded after it; import it in a child process (tests/sdk/children/tensorflow_cases.py)",
+            pytrace=False,
+        )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _tensorflow_check("while the tests were collected")
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _tensorflow_check(f"by {item.nodeid}")
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ DCGM check against the fake libdcgm of each major version and one that refuses."
 from __future__ import annotations
 
 import ctypes.util
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -206,7 +207,9 @@ def test_board_serial_check_passes_where_nvml_and_nvidia_smi_agree(
 
 
 def test_keras_check_skips_where_tensorflow_sees_no_gpu(tmp_path: Path) -> None:
-    pytest.importorskip("tensorflow", reason="needs TensorFlow: pip install tensorflow-cpu")
+    # never imported in the suite's process: tests/sdk/children/tensorflow_cases.py says why
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("needs TensorFlow: pip install tensorflow-cpu")
     env = {**_bin_without_nvidia_smi(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
     done = _one("keras-fit-gpu", env)
     assert done.returncode == 2, done.stdout + done.stderr
