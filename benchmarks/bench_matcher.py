@@ -17,6 +17,7 @@ import random
 import re
 import sys
 import time
+from datetime import datetime, timedelta
 
 from denpex._native import backend, load, matcher_ref
 from denpex._native.literals import compile_pattern, split_flags
@@ -25,6 +26,8 @@ from denpex.catalog import load_signatures
 TARGETS = {"native_vs_hyperscan": 0.5, "native_vs_re_loop": 500.0}
 COMPILE_TARGET_S = 0.5  # DESIGN §10: the catalog's matcher compiles within this
 HOSTS = [f"gpu-node{n:03d}" for n in range(1, 65)]
+# the corpus states its own times (a second a step): the same seed gives the same bytes
+CORPUS_START = datetime(2026, 11, 30, 5, 0)  # naive: printed as `2026-11-30T05:00:00`
 BAR = "█▏▎▍▌▋▊▉"
 WARNINGS = [
     "UserWarning: torch.utils.checkpoint: the use_reentrant parameter should be passed "
@@ -64,7 +67,8 @@ def progress_line(rng: random.Random, step: int) -> str:
             f"global batch size:  1024 | lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: "
             f"{rng.random():.3f} | number of skipped iterations:   0 | number of nan iterations:   0 |"
         )
-    return f"{rank}: {time.strftime('%Y-%m-%dT%H:%M:%S')} INFO step={step} loss={loss:.5f}"
+    stamp = (CORPUS_START + timedelta(seconds=step)).isoformat()
+    return f"{rank}: {stamp} INFO step={step} loss={loss:.5f}"
 
 
 def tqdm_line(rng: random.Random) -> str:

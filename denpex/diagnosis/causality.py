@@ -147,18 +147,31 @@ def accounted_for(ctx: RuleContext, root: Evidence) -> list[Evidence]:
     down → IB errors → NCCL errors); `root` first."""
     chain = [root]
     seen = {id(root)}
-    pending = [e for e in ctx.failures if e is not root]
+    # an item is only compared with the chain's members of categories that have an `explains`
+    # edge to its own: most pairs have none, and comparing with every member was quadratic
+    by_category = {root.category: [root]}
+    pending = [(e, _absorbed(ctx, root, e)) for e in ctx.failures if e is not root]
     grew = True
     while grew:
         grew = False
-        for item in pending:
+        for item, absorbed in pending:
             if id(item) in seen:
                 continue
-            if _absorbed(ctx, root, item) or any(ctx.explains(c, item) for c in chain):
+            if absorbed or _explained(ctx, by_category, item):
                 chain.append(item)
+                by_category.setdefault(item.category, []).append(item)
                 seen.add(id(item))
                 grew = True
     return chain
+
+
+def _explained(ctx: RuleContext, by_category: dict[str, list[Evidence]], item: Evidence) -> bool:
+    return any(
+        ctx.explains(cause, item)
+        for category, members in by_category.items()
+        if ctx.config.explains(category, item.category)
+        for cause in members
+    )
 
 
 def further_findings(
