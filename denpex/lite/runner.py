@@ -22,6 +22,7 @@ from denpex.lite.job_supervisor import LINGER_S
 from denpex.lite.relay import AnalysisSession, Relay, RunResult, SessionFactory, relay_child
 from denpex.lite.spawn import (
     Child,
+    enlarge_pipe,
     fd_valid,
     hold_std_fds,
     spawn_failed,
@@ -57,6 +58,8 @@ def run_command(
     env = child_environ(extra=extra_env)
     stdin_ok = fd_valid(0)
     placeholders = hold_std_fds()  # a closed 0/1/2 must not be reused by our own pipes
+    for fd in (1, 2):
+        enlarge_pipe(fd)
     analyzer = Analyzer.start(session_factory, ring_bytes, spill_bytes) if session_factory else None
     raw = RawStdin(use_pty)
     finished = False
@@ -120,6 +123,8 @@ def tee_stream(
     analyzer = Analyzer.start(session_factory, ring_bytes) if session_factory else None
     relay = Relay(analyzer, lossless=out_fd is None)
     dest = -1 if out_fd is None else out_fd
+    if out_fd is not None:
+        enlarge_pipe(out_fd)
     finished = False
     try:
         if analyzer is not None:
