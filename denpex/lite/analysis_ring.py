@@ -28,9 +28,13 @@ job printing hundreds of MB/s), chunks go to an unlinked temporary file instead 
 dropped, in the same record format, and every later chunk follows them there until the
 analyzer has read the file up to where the relay wrote it; the analyzer reads the ring
 first, then the file, so the order of the output is kept. Only past the spill's budget
-(SPILL_BYTES a run) is analysis data dropped. The relay writes the file with one pwrite per
-chunk (page cache), never waits for it; spill_w (producer line) and spill_r (consumer line)
-are byte offsets in it.
+(SPILL_BYTES waiting on disk at once) is analysis data dropped. Once the analyzer has read all
+the file holds, the next spill starts it again from its beginning and gives its blocks back,
+so a long run that lags now and then never uses the budget up. The relay writes the file with
+one pwrite per chunk (page cache), never waits for it; spill_w (producer line) and spill_r
+(consumer line) are positions in it: the byte offset in the low 40 bits, above them the
+file's epoch (how many times it started again), so each is still one 8-byte store and a
+consumer whose position is of an older epoch knows it has to start from the beginning.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from collections.abc import Callable, Sequence
 
 GAP = 1  # record flag: analysis data was dropped just before this record
 TAIL_BYTES = 64 << 10  # per stream: newest dropped bytes handed to analysis after the run
-SPILL_BYTES = 2 << 30  # a run's budget of output spilled to disk for a lagging analyzer
+SPILL_BYTES = 2 << 30  # the most output waiting on disk at once for a lagging analyzer
+_SPILL_OFFSET = (1 << 40) - 1  # the byte offset bits of a spill position
+_SPILL_EPOCH = 1 << 40  # one more start of the spill file
 
 _REC = struct.Struct("=IBBxxq")
 # Header words, as indexes into a memoryview cast to "Q": an item is read or written with one
@@ -167,22 +173,27 @@ class AnalysisRing:
         """Append a chunk to the spill file; False (nothing written) when there is none, it
         is over its budget (unless `force`: the last words after a run) or a write failed."""
         n = len(data)
-        if self._spill_fd < 0 or (not force and self._spill_w + _HDR + n > self.spill_bytes):
+        if self._spill_fd < 0:
+            return False
+        start = self._spill_w
+        if start & _SPILL_OFFSET and not self.spilling:
+            start = self._restart_spill()
+        if not force and (start & _SPILL_OFFSET) + _HDR + n > self.spill_bytes:
             return False
         flags = GAP if self._gap else 0
         arrival = time.time_ns() if arrival_ns is None else arrival_ns
         try:
             written = os.pwritev(
-                self._spill_fd, [_REC.pack(n, stream, flags, arrival), data], self._spill_w
+                self._spill_fd, [_REC.pack(n, stream, flags, arrival), data], start & _SPILL_OFFSET
             )
         except OSError:
             written = -1
-        if written != _HDR + n:
+        if written != _HDR + n:  # nothing published: the consumer still has nothing to read
             return False
         self._gap = False
         if self._tails and stream in self._tails:
             self._tails[stream].pos = self._tails[stream].filled = 0
-        self._spill_w += written
+        self._spill_w = start + written
         self._spilled += n
         self._produced += n
         words = self._words
@@ -192,6 +203,13 @@ class AnalysisRing:
             _poke(self._notify_w)
         return True
 
+    def _restart_spill(self) -> int:
+        """The analyzer read all the file holds: its beginning again (the next epoch), and its
+        blocks given back. The position to write at; published with the record written there."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._spill_fd, 0)
+        return (self._spill_w & ~_SPILL_OFFSET) + _SPILL_EPOCH
+
     @property
     def spilled_bytes(self) -> int:
         return self._spilled
@@ -200,7 +218,9 @@ class AnalysisRing:
     def backlog_bytes(self) -> int:
         """What the consumer has still to read, in the ring and in the spill (producer side)."""
         words = self._words
-        return (self._w - words[_R]) + (self._spill_w - words[_SPILL_R])
+        w, r = self._spill_w, words[_SPILL_R]
+        on_disk = w - r if (w ^ r) <= _SPILL_OFFSET else w & _SPILL_OFFSET
+        return (self._w - words[_R]) + on_disk
 
     def drop(self, n: int, stream: int = 1, data: memoryview | None = None) -> None:
         """Count n bytes that analysis will not see; the next record carries the gap flag.
@@ -329,15 +349,18 @@ class AnalysisRing:
         w, r = self._words[_SPILL_W], self._spill_r
         if r == w or self._spill_fd < 0:
             return None
-        header = os.pread(self._spill_fd, _HDR, r)
+        if (w ^ r) > _SPILL_OFFSET:  # the file started again (all before it was read here)
+            r = w & ~_SPILL_OFFSET
+        at, end = r & _SPILL_OFFSET, w & _SPILL_OFFSET
+        header = os.pread(self._spill_fd, _HDR, at)
         if len(header) != _HDR:
-            raise RingCorrupt(f"spill record header at {r} cut short")
+            raise RingCorrupt(f"spill record header at {at} cut short")
         n, stream, flags, arrival_ns = _REC.unpack(header)
-        if _HDR + n > w - r:
-            raise RingCorrupt(f"spilled record of {n} bytes at {r} with {w - r} written")
-        data = os.pread(self._spill_fd, n, r + _HDR)
+        if _HDR + n > end - at:
+            raise RingCorrupt(f"spilled record of {n} bytes at {at} with {end - at} written")
+        data = os.pread(self._spill_fd, n, at + _HDR)
         if len(data) != n:
-            raise RingCorrupt(f"spilled record at {r} cut short")
+            raise RingCorrupt(f"spilled record at {at} cut short")
         self._spill_r = r + _HDR + n
         self._words[_SPILL_R] = self._spill_r
         return stream, data, bool(flags & GAP), arrival_ns

@@ -232,6 +232,84 @@ def test_concurrent_producer_and_consumer_agree(tmp_path: Path) -> None:
     assert text == "ok" and int(seen) == pushed > 1000
 
 
+def test_a_run_that_lags_again_and_again_never_uses_the_spill_up() -> None:
+    """The spill's budget bounds what waits on disk at once, not a whole run: once the analyzer
+    has read the file, the next spill starts it again from its beginning (a new epoch) and
+    gives its blocks back."""
+    budget = 4 * (HDR + 1000)
+    ring = AnalysisRing(4096, spill_bytes=budget)
+    try:
+        for round_ in range(20):  # 20 times 4 chunks in the ring and 3 behind it, on disk
+            sent = []
+            for k in range(7):
+                data = (round_ * 10 + k).to_bytes(2, "little") * 500
+                if not ring.spilling and ring.reserve(len(data), len(data)) is not None:
+                    assert ring.push(1, data)
+                else:
+                    assert ring.spill(1, memoryview(data)), f"round {round_}: spill refused"
+                sent.append(data)
+            assert ring.spilling
+            assert ring.backlog_bytes == 4 * record_size(1000) + 3 * (HDR + 1000)
+            got = []
+            while (record := pop3(ring)) is not None:
+                got.append(record[1])
+            assert got == sent and not ring.spilling and ring.backlog_bytes == 0
+            assert os.fstat(ring._spill_fd).st_size <= budget
+        assert ring.dropped_bytes == 0 and ring.spilled_bytes == 20 * 3 * 1000
+    finally:
+        ring.close()
+
+
+def test_a_consumer_follows_the_spill_as_it_starts_again(tmp_path: Path) -> None:
+    """The relay's way (the ring, else the spill, else a gap) flat out for 1 s beside a forked
+    consumer, with a spill so small that it starts again many times: every record arrives in
+    order, each one skipped is marked by a gap."""
+    ring = AnalysisRing(64 << 10, spill_bytes=256 << 10)
+    verdict = tmp_path / "verdict"
+    pid = os.fork()
+    if pid == 0:
+        text, expect, seen = "ok", 0, 0
+        try:
+            while True:
+                rec = ring.pop()
+                if rec is None:
+                    if ring.producer_done and ring.pop() is None:
+                        break
+                    ring.wait(0.05)
+                    continue
+                _, data, gap, _ = rec
+                seq = int.from_bytes(data[:8], "little")
+                if data != data[:8] * (len(data) // 8):
+                    text = f"bad payload in record {seq}"
+                    break
+                if (seq != expect and not gap) or seq < expect:
+                    text = f"record {seq} after {expect - 1} without a gap"
+                    break
+                expect, seen = seq + 1, seen + 1
+            verdict.write_text(f"{text} {seen}")
+        finally:
+            os._exit(0)
+    rnd = random.Random(77)
+    seq = delivered = 0
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        data = seq.to_bytes(8, "little") * rnd.choice([1, 64, 1024, 4096])
+        if not ring.spilling and ring.reserve(len(data), len(data)) is not None:
+            delivered += ring.push(1, data)
+        elif ring.spill(1, memoryview(data)):
+            delivered += 1
+        else:
+            ring.drop(len(data), 1)
+        seq += 1
+    ring.finish_producer()
+    os.waitpid(pid, 0)
+    text, seen = verdict.read_text().rsplit(" ", 1)
+    restarts = ring._spill_w >> 40
+    ring.close()
+    assert text == "ok" and int(seen) == delivered > 1000
+    assert restarts > 0, "the spill never started again: the test did not test it"
+
+
 class HashSession:
     """Hashes what it is fed; finish() writes the digest, counts and the result to a file."""
 
