@@ -8,7 +8,7 @@ Pure text in, text out; what is shown to a reader is always the original text, n
 from __future__ import annotations
 
 import re
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 
 import yaml
@@ -25,6 +25,7 @@ def rules() -> tuple[tuple[re.Pattern[str], str], ...]:
     return tuple((re.compile(r["pattern"]), str(r.get("to", " "))) for r in raw["rules"])
 
 
+@lru_cache(maxsize=16384)  # the runbook index and BM25 normalise the same passages
 def normalise(text: str) -> str:
     for pattern, to in rules():
         text = pattern.sub(to, text)
