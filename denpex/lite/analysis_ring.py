@@ -112,7 +112,7 @@ class AnalysisRing:
 
     def __init__(self, capacity: int = 8 << 20, spill_bytes: int = SPILL_BYTES) -> None:
         self.capacity = max(4096, capacity - capacity % _HDR)
-        self.spill_bytes = spill_bytes
+        self.spill_bytes = min(spill_bytes, _SPILL_OFFSET >> 1)  # offsets stay in their bits
         self._spill_fd = _spill_file() if spill_bytes > 0 else -1
         self._spill_w = 0  # producer-private copy of spill_w
         self._spill_r = 0  # consumer-private copy of spill_r
