@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,11 +76,23 @@ print(json.dumps(results))
 """
 
 
+_SOCKET_DIRS: list[Path] = []
+
+
 def socket_dir() -> Path:
-    """A folder other users can reach (pytest's tmp_path is private to root)."""
+    """A folder other users can reach (pytest's tmp_path is private to root); removed after
+    the test that made it."""
     folder = Path(tempfile.mkdtemp(prefix="denpex-api-", dir="/tmp"))
     folder.chmod(0o755)
+    _SOCKET_DIRS.append(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def _remove_socket_dirs() -> Iterator[None]:
+    yield
+    while _SOCKET_DIRS:
+        shutil.rmtree(_SOCKET_DIRS.pop(), ignore_errors=True)
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -114,6 +115,7 @@ class SpoolMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         if hasattr(self, "spool"):
             self.spool.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 TestSpoolModel = SpoolMachine.TestCase

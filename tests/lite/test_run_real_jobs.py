@@ -58,6 +58,7 @@ def denpex_run(
     report: Path, cmd: list[str], *, cgroup: Path | None = None, kmsg: bool = False
 ) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env["TMPDIR"] = str(report.parent)  # torchrun's torchelastic_* folders go with the test's
     env.pop(TEST_KMSG_ENV, None)
     if kmsg:
         env[TEST_KMSG_ENV] = "1"
