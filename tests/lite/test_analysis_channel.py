@@ -189,35 +189,43 @@ def test_producer_never_blocks_without_a_consumer() -> None:
         ring.close()
 
 
+def fork_checking_consumer(ring: AnalysisRing, verdict: Path) -> int:
+    """Fork a consumer that checks every record until the producer is done, then writes
+    `ok N` (or what was wrong) to `verdict`; its pid. Records carry their sequence number
+    (8 bytes, repeated) on stream 1 + seq % 2; a skipped one must be marked by a gap."""
+    pid = os.fork()
+    if pid:
+        return pid
+    text, expect, seen = "ok", 0, 0
+    try:
+        while True:
+            rec = ring.pop()
+            if rec is None:
+                if ring.producer_done and ring.pop() is None:
+                    break
+                ring.wait(0.05)
+                continue
+            stream, data, gap, _ = rec
+            seq = int.from_bytes(data[:8], "little")
+            if data != data[:8] * (len(data) // 8) or stream != 1 + seq % 2:
+                text = f"bad payload in record {seq}"
+                break
+            if (seq != expect and not gap) or seq < expect:
+                text = f"record {seq} after {expect - 1} without a gap"
+                break
+            expect, seen = seq + 1, seen + 1
+        verdict.write_text(f"{text} {seen}")
+    finally:
+        os._exit(0)
+
+
 def test_concurrent_producer_and_consumer_agree(tmp_path: Path) -> None:
     """A forked consumer checks every record while the producer pushes flat out (1 s)."""
     seed = 424242
     print("seed", seed)
     ring = AnalysisRing(1 << 20)
     verdict = tmp_path / "verdict"
-    pid = os.fork()
-    if pid == 0:  # consumer: records carry their sequence number; a skipped one needs a gap
-        text, expect, seen = "ok", 0, 0
-        try:
-            while True:
-                rec = ring.pop()
-                if rec is None:
-                    if ring.producer_done and ring.pop() is None:
-                        break
-                    ring.wait(0.05)
-                    continue
-                stream, data, gap, _ = rec
-                seq = int.from_bytes(data[:8], "little")
-                if data != data[:8] * (len(data) // 8) or stream != 1 + seq % 2:
-                    text = f"bad payload in record {seq}"
-                    break
-                if (seq != expect and not gap) or seq < expect:
-                    text = f"record {seq} after {expect - 1} without a gap"
-                    break
-                expect, seen = seq + 1, seen + 1
-            verdict.write_text(f"{text} {seen}")
-        finally:
-            os._exit(0)
+    pid = fork_checking_consumer(ring, verdict)
     rnd = random.Random(seed)
     seq = pushed = 0
     deadline = time.monotonic() + 1.0
@@ -266,40 +274,19 @@ def test_a_consumer_follows_the_spill_as_it_starts_again(tmp_path: Path) -> None
     order, each one skipped is marked by a gap."""
     ring = AnalysisRing(64 << 10, spill_bytes=256 << 10)
     verdict = tmp_path / "verdict"
-    pid = os.fork()
-    if pid == 0:
-        text, expect, seen = "ok", 0, 0
-        try:
-            while True:
-                rec = ring.pop()
-                if rec is None:
-                    if ring.producer_done and ring.pop() is None:
-                        break
-                    ring.wait(0.05)
-                    continue
-                _, data, gap, _ = rec
-                seq = int.from_bytes(data[:8], "little")
-                if data != data[:8] * (len(data) // 8):
-                    text = f"bad payload in record {seq}"
-                    break
-                if (seq != expect and not gap) or seq < expect:
-                    text = f"record {seq} after {expect - 1} without a gap"
-                    break
-                expect, seen = seq + 1, seen + 1
-            verdict.write_text(f"{text} {seen}")
-        finally:
-            os._exit(0)
+    pid = fork_checking_consumer(ring, verdict)
     rnd = random.Random(77)
     seq = delivered = 0
     deadline = time.monotonic() + 1.0
     while time.monotonic() < deadline:
         data = seq.to_bytes(8, "little") * rnd.choice([1, 64, 1024, 4096])
+        stream = 1 + seq % 2
         if not ring.spilling and ring.reserve(len(data), len(data)) is not None:
-            delivered += ring.push(1, data)
-        elif ring.spill(1, memoryview(data)):
+            delivered += ring.push(stream, data)
+        elif ring.spill(stream, memoryview(data)):
             delivered += 1
         else:
-            ring.drop(len(data), 1)
+            ring.drop(len(data), stream)
         seq += 1
     ring.finish_producer()
     os.waitpid(pid, 0)
