@@ -325,11 +325,16 @@ class AnalysisRing:
 
     def pop(self) -> tuple[int, bytes, bool, int] | None:
         """Next record as (stream, payload, gap, arrival ns), or None when it is empty; the
-        ring's records come before the spill's (the relay spills only behind them)."""
+        ring's records come before the spill's (the relay spills only behind them).
+
+        spill_w is read before write_pos: a ring found empty after it holds nothing that was
+        pushed before the spilled records it covers, whereas one read first could be refilled,
+        and spilled behind, before the spill is read (the spill would overtake the ring)."""
+        spill_w = self._words[_SPILL_W]
         w = self._words[_W]
         r = self._r
         if r == w:
-            return self._pop_spilled()
+            return self._pop_spilled(spill_w)
         cap = self.capacity
         off = r % cap
         n, stream, flags, arrival_ns = _REC.unpack_from(self._mm, _DATA + off)
@@ -345,8 +350,9 @@ class AnalysisRing:
         self._release(r + size)
         return stream, data, bool(flags & GAP), arrival_ns
 
-    def _pop_spilled(self) -> tuple[int, bytes, bool, int] | None:
-        w, r = self._words[_SPILL_W], self._spill_r
+    def _pop_spilled(self, w: int) -> tuple[int, bytes, bool, int] | None:
+        """The next spilled record up to position w (spill_w as read before the ring)."""
+        r = self._spill_r
         if r == w or self._spill_fd < 0:
             return None
         if (w ^ r) > _SPILL_OFFSET:  # the file started again (all before it was read here)

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from denpex.lite import analysis_ring
 from denpex.lite.analysis_channel import ANALYSIS_FAILED, Analyzer
 from denpex.lite.analysis_ring import AnalysisRing
 
@@ -295,6 +296,53 @@ def test_a_consumer_follows_the_spill_as_it_starts_again(tmp_path: Path) -> None
     ring.close()
     assert text == "ok" and int(seen) == delivered > 1000
     assert restarts > 0, "the spill never started again: the test did not test it"
+
+
+class _PausingWords:
+    """The ring's header words, running `between` once, right after the consumer reads one
+    word: the producer acting between two loads of the consumer's pop()."""
+
+    def __init__(self, words, after_index: int, between) -> None:
+        self.words, self.after_index, self.between = words, after_index, between
+
+    def __getitem__(self, index: int) -> int:
+        value = self.words[index]
+        if index == self.after_index and self.between is not None:
+            between, self.between = self.between, None
+            between()
+        return value
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self.words[index] = value
+
+
+@pytest.mark.parametrize("paused_after", ["write_pos", "spill_w"])
+def test_a_spill_never_overtakes_the_ring_refilled_under_the_consumer(paused_after: str) -> None:
+    """The consumer finds the ring empty; before it looks at the spill the relay fills the ring
+    and spills the next chunk behind it. The spilled chunk must still come after the ring's."""
+    ring = AnalysisRing(4096, spill_bytes=1 << 20)
+    chunks = [bytes([k]) * 1000 for k in range(5)]  # 4 fill the ring, the 5th is spilled
+
+    def relay() -> None:
+        for data in chunks:
+            if not ring.spilling and ring.reserve(len(data), len(data)) is not None:
+                assert ring.push(1, data)
+            else:
+                assert ring.spill(1, memoryview(data))
+
+    index = {"write_pos": analysis_ring._W, "spill_w": analysis_ring._SPILL_W}[paused_after]
+    words = ring._words
+    ring._words = _PausingWords(words, index, relay)
+    try:
+        got = []
+        for _ in range(8):
+            record = ring.pop()
+            if record is not None:
+                got.append(record[1])
+        assert got == chunks and ring.spilled_bytes == 1000
+    finally:
+        ring._words = words
+        ring.close()
 
 
 class HashSession:
