@@ -98,9 +98,9 @@ def test_native_agrees_with_the_reference(spec):
 @given(REQUEST, st.data())
 def test_corrupt_bytes(spec, data):
     """A truncated body is refused by both; after a flipped bit or trailing garbage, what the
-    compiled reader returns is what the twin returns (it may refuse more: the caller then
-    asks the twin; it may accept corruption inside a field it never reads, as protobuf does
-    for unknown fields)."""
+    compiled reader returns is what the twin returns (it may refuse more, or hand the request
+    over as it does arrays and maps: the caller then asks the twin; it may accept corruption
+    inside a field it never reads, as protobuf does for unknown fields)."""
     wire = native_module("otlp_logs")
     body = bytearray(build(spec) or b"\x0a\x00")
     how = data.draw(st.sampled_from(["truncate", "flip", "append"]))
@@ -117,7 +117,7 @@ def test_corrupt_bytes(spec, data):
         expected = None
     try:
         got = wire.decode_logs_request(bytes(body))
-    except ValueError:
+    except (ValueError, NotImplementedError):  # a flipped tag can make an array or a map
         got = None
     if how == "truncate":
         assert (got is None) == (expected is None)
