@@ -16,8 +16,9 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tests import netns_dir
+
 NOBODY = 65534
-NETNS_DIR = "/run/netns"  # where iproute2 keeps named network namespaces
 
 
 def unavailable_reason() -> str | None:
@@ -53,7 +54,7 @@ def other_host() -> Iterator[Namespace]:
     subnet = random.randrange(1, 250)
     name, host_if, ns_if = f"dxt{tag}", f"dxh{tag}", f"dxn{tag}"
     created: list[str] = []
-    had_folder, had_mount = os.path.isdir(NETNS_DIR), _is_mount(NETNS_DIR)
+    before = netns_dir.snapshot()
     try:
         _ip("netns", "add", name)
         created.append("netns")
@@ -71,27 +72,7 @@ def other_host() -> Iterator[Namespace]:
             subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=30)
         if "netns" in created:
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        _undo_netns_folder(had_folder, had_mount)
-
-
-def _undo_netns_folder(had_folder: bool, had_mount: bool) -> None:
-    """The first `ip netns add` makes NETNS_DIR and bind-mounts it onto itself (shared, so
-    that namespaces show in every mount namespace); `ip netns del` leaves both. Undone when
-    this test made them and no other namespace lives there now."""
-    with contextlib.suppress(OSError):
-        if had_mount or os.listdir(NETNS_DIR):
-            return
-        if _is_mount(NETNS_DIR):
-            subprocess.run(["umount", NETNS_DIR], capture_output=True, timeout=30)
-        if not had_folder and not _is_mount(NETNS_DIR):
-            os.rmdir(NETNS_DIR)
-
-
-def _is_mount(path: str) -> bool:
-    """Whether something is mounted at `path` (os.path.ismount misses a folder bind-mounted
-    onto itself: the same device on both sides)."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as mounts:
-        return any(line.split()[4] == path for line in mounts)
+        netns_dir.restore(before)
 
 
 def python_for_others() -> str:

@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from tests import netns_dir
 from tests.agent import netns
 
 
@@ -18,12 +19,17 @@ def _links() -> str:
 def test_another_host_leaves_nothing_behind() -> None:
     if (why_not := netns.unavailable_reason()) is not None:
         pytest.skip(why_not)
-    folder, mounted = os.path.isdir(netns.NETNS_DIR), netns._is_mount(netns.NETNS_DIR)
+    folder, mounted = os.path.isdir(netns_dir.NETNS_DIR), netns_dir.is_mount(netns_dir.NETNS_DIR)
     links = _links()
     with netns.other_host() as other:
-        assert netns._is_mount(netns.NETNS_DIR)  # what `ip netns add` does the first time
+        assert netns_dir.is_mount(netns_dir.NETNS_DIR)  # what `ip netns add` does the first time
         done = netns.run_python("print('inside')", netns=other.name)
         assert done.returncode == 0 and done.stdout == "inside\n"
-    assert not os.path.isdir(netns.NETNS_DIR) or other.name not in os.listdir(netns.NETNS_DIR)
-    assert (os.path.isdir(netns.NETNS_DIR), netns._is_mount(netns.NETNS_DIR)) == (folder, mounted)
+    assert not os.path.isdir(netns_dir.NETNS_DIR) or other.name not in os.listdir(
+        netns_dir.NETNS_DIR
+    )
+    assert (os.path.isdir(netns_dir.NETNS_DIR), netns_dir.is_mount(netns_dir.NETNS_DIR)) == (
+        folder,
+        mounted,
+    )
     assert _links().count("dxh") == links.count("dxh")

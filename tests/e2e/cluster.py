@@ -27,6 +27,7 @@ from pathlib import Path
 
 from denpex.core import jsonio
 from denpex.core.kmsg import TEST_KMSG_ENV, TEST_MARKER, KmsgRecord, format_record
+from tests import netns_dir
 from tests.control.conftest import mint
 from tests.remediation.slurm_cluster import SlurmCluster
 from tests.remediation.slurm_cluster import missing as slurm_missing
@@ -75,6 +76,7 @@ class Cluster:
         self.kmsg_fds: list[int] = []
         self.kmsg_seq: list[int] = []  # each host's last injected kernel-log record
         self._made: list[tuple[str, str]] = []
+        self._netns_before = netns_dir.snapshot()
         self.token = ""
         self.admin_token = ""
         (root / "slurm").mkdir(parents=True, exist_ok=True)
@@ -383,6 +385,7 @@ class Cluster:
         for kind, name in reversed(self._made):
             argv = ["ip", "link", "del", name] if kind == "link" else ["ip", "netns", "del", name]
             subprocess.run(argv, capture_output=True, timeout=30)
+        netns_dir.restore(self._netns_before)
         self.slurm.stop()
 
 

@@ -29,7 +29,7 @@ from denpex.host.ebpf.targets import (
     mapped_libraries,
     missing_privileges,
 )
-from tests import memcg
+from tests import memcg, netns_dir
 from tests.host.ebpf_support import REPO, bpf_unavailable, built_dir, have
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -302,6 +302,7 @@ def test_tcp_retransmits_over_veth_with_peer_down(objects_dir: Path) -> None:
     subnet = f"10.{200 + int(tag[:2], 16) % 50}.{int(tag[2:4], 16)}"
     procs: list[subprocess.Popen] = []
     collector = _collector(objects_dir, programs=["tcpretrans"], tcp_retransmits_per_poll=2)
+    before = netns_dir.snapshot()
     try:
         _ip("netns", "add", ns_a)
         _ip("netns", "add", ns_b)
@@ -356,6 +357,7 @@ def test_tcp_retransmits_over_veth_with_peer_down(objects_dir: Path) -> None:
         collector.close()
         for ns in (ns_a, ns_b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        netns_dir.restore(before)
 
 
 DRIVER = """import ctypes, sys
