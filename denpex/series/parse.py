@@ -46,12 +46,15 @@ _KV = re.compile(
 _VALUE = re.compile(rf"(?P<val>{_NUM}){_UNIT}")
 _SEGMENT_KEY = re.compile(r"[A-Za-z][\w /.()\-]{0,63}")
 # a few keys people print without a separator: nanoGPT `iter 100: loss 4.2341, time 12.3ms`
+# (the lookahead, the keys' first letters, changes no match: it fails at once where no key can
+# start, where `\b` and eight alternatives were tried at every position of the line)
 _PLAIN = re.compile(
+    r"(?=[LlIiSsEeTt])"
     rf"\b(?P<key>[Ll]oss|LOSS|[Ii]ter|[Ss]tep|[Ee]poch|lr|LR|[Tt]ime)[ \t]{{1,8}}+"
     rf"(?P<val>{_NUM}){_UNIT}(?![\w.])"
 )
 _MEGATRON_ITER = re.compile(
-    r"\biteration[ \t]{1,16}(\d{1,12})[ \t]{0,8}/[ \t]{0,12}(\d{1,12})[ \t]{0,4}\|"
+    r"(?=i)\biteration[ \t]{1,16}(\d{1,12})[ \t]{0,8}/[ \t]{0,12}(\d{1,12})[ \t]{0,4}\|"
 )
 _FAIRSEQ_EPOCH = re.compile(r"\bepoch (\d{1,6}):[ \t]{1,12}(\d{1,12}) / (\d{1,12})\b")
 _FAIRSEQ_PRINT = re.compile(r"(?:^|\| )epoch \d{1,6} \|")
