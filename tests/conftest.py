@@ -23,12 +23,19 @@ if _MISSING:
     )
 
 import os  # noqa: E402  (after the check above, on purpose)
+import shutil  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 from importlib import resources  # noqa: E402
 
 # Retrieval under every verdict loads a 23 MB model in each `denpex run`/`scan` a test starts:
 # off for the suite (subprocesses inherit it); tests/retrieval turns it on where it is tested.
 os.environ.setdefault("DENPEX_RAG", "off")
+# PyTorch makes its compile cache `torchinductor_<user>` in the system's temporary folder as
+# soon as Lightning is imported (while the tests are collected): the suite's goes with it.
+_TORCH_CACHE = None
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    _TORCH_CACHE = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="denpex-torch-")
 
 import jsonschema  # noqa: E402
 import orjson  # noqa: E402
@@ -57,6 +64,11 @@ def _tensorflow_check(where: str) -> None:
             "loaded after it; import it in a child process (tests/sdk/children/tensorflow_cases.py)",
             pytrace=False,
         )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _TORCH_CACHE is not None:
+        shutil.rmtree(_TORCH_CACHE, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

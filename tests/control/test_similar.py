@@ -39,8 +39,15 @@ CASES = [
 def pgvector_server(tmp_path_factory) -> Iterator[object]:
     """PostgreSQL 16.2 with pgvector, as the pgserver wheel bundles it (Debian 12 has no
     pgvector); its socket in a temporary folder, no TCP port; stopped at the end."""
-    import pgserver
-
+    # pgserver keeps a lock in the user's runtime folder, chosen when it is imported: without
+    # XDG_RUNTIME_DIR that is /tmp/runtime-<uid>, which would outlive the test run
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
+    try:
+        import pgserver
+    finally:
+        if runtime is None:
+            del os.environ["XDG_RUNTIME_DIR"]
     server = pgserver.get_server(tmp_path_factory.mktemp("pgvector"), cleanup_mode="delete")
     try:
         # a non-superuser owner with PostgreSQL 16's defaults: migration 0001 must grant it
