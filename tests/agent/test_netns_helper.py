@@ -19,17 +19,12 @@ def _links() -> str:
 def test_another_host_leaves_nothing_behind() -> None:
     if (why_not := netns.unavailable_reason()) is not None:
         pytest.skip(why_not)
-    folder, mounted = os.path.isdir(netns_dir.NETNS_DIR), netns_dir.is_mount(netns_dir.NETNS_DIR)
-    links = _links()
+    before, links = netns_dir.snapshot(), _links()
     with netns.other_host() as other:
         assert netns_dir.is_mount(netns_dir.NETNS_DIR)  # what `ip netns add` does the first time
         done = netns.run_python("print('inside')", netns=other.name)
         assert done.returncode == 0 and done.stdout == "inside\n"
-    assert not os.path.isdir(netns_dir.NETNS_DIR) or other.name not in os.listdir(
-        netns_dir.NETNS_DIR
-    )
-    assert (os.path.isdir(netns_dir.NETNS_DIR), netns_dir.is_mount(netns_dir.NETNS_DIR)) == (
-        folder,
-        mounted,
-    )
+    assert netns_dir.snapshot() == before
+    if os.path.isdir(netns_dir.NETNS_DIR):
+        assert other.name not in os.listdir(netns_dir.NETNS_DIR)
     assert _links().count("dxh") == links.count("dxh")
