@@ -34,6 +34,8 @@ _WORLD_SIZE = re.compile(
     rb"| nranks (\d{1,7}) cudaDev ",
     re.IGNORECASE,
 )
+# _WORLD_SIZE where no `world` is in the line (any case): only its NCCL alternative can match
+_NRANKS_ALONE = re.compile(rb" nranks (\d{1,7}) cudaDev ", re.IGNORECASE)
 _FRAME = re.compile(rb'^[ \t]{1,16}File "([^"\n]{1,1024})", line (\d{1,9}), in ([^ \t\n]{1,200})')
 # lines worth parsing hold one of these (each costs one bytes.find over a chunk); a table's
 # `exitcode : … (pid: N)` line is looked for only after its `rank : … (local_rank: …)` line,
@@ -134,8 +136,9 @@ def learn(
         indexes = lines_with(joined, needles, getattr(lines, "line_at", None))
     else:
         indexes = sorted({index for needle in needles for index in found[needle]})
+    others = tuple(n for n in needles if n != _NRANKS_TRIGGER)
     for index in indexes:
-        size = _nccl_world_size(lines[index], needles)
+        size = _nccl_world_size(lines[index], others)
         if size is not None:
             facts.world_size = max(size, facts.world_size or 0)
             continue
@@ -144,18 +147,22 @@ def learn(
     state.tail = list(lines[-_TAIL:])
 
 
-def _nccl_world_size(line: bytes, needles: tuple[bytes, ...]) -> int | None:
+def _nccl_world_size(line: bytes, others: tuple[bytes, ...]) -> int | None:
     """The world size of a line whose one fact is NCCL's `rank R nranks N cudaDev` (every
     NCCL communicator prints one: thousands in a long log), read without parsing its
-    prefixes, or None when the line may hold another fact. Exact: no prefix parse_line
-    strips ends in `rank R `, so the words are in the body; a journal record is parsed."""
-    if line[:1] == b"{" or any(n in line for n in needles if n != _NRANKS_TRIGGER):
+    prefixes, or None when the line may hold another fact (it holds one of the `others`
+    trigger words, or another world size). Exact: no prefix parse_line strips ends in
+    `rank R `, so the words are in the body; a journal record is parsed."""
+    if line[:1] == b"{" or any(n in line for n in others):
         return None
-    stated = list(_WORLD_SIZE.finditer(line))
-    if len(stated) != 1 or stated[0].group(4) is None:
+    if b"world" in line.lower():
+        stated = [(m.group(4), m.end(4)) for m in _WORLD_SIZE.finditer(line)]
+    else:  # the usual NCCL line: the one alternative that can match, found from its literal
+        stated = [(m.group(1), m.end(1)) for m in _NRANKS_ALONE.finditer(line)]
+    if len(stated) != 1 or stated[0][0] is None:
         return None
     comm = _NCCL_NRANKS.search(line)
-    if comm is None or comm.end(1) != stated[0].end(4):
+    if comm is None or comm.end(1) != stated[0][1]:
         return None
     return int(comm.group(1))
 

@@ -19,6 +19,9 @@ LINES = [
     b'{"MESSAGE": "comm 0x1 rank 0 nranks 48 cudaDev 0", "_HOSTNAME": "n1"}',
     b"rank 2 nranks 4 cudaDev 2 local_rank: 2",
     b"E0130 12:10:04.010000 90211 nccl.py:12] comm rank 5 nranks 128 cudaDev 5 busId 1",
+    b"comm 0x1 rank 0 nranks 8 cudaDev 0 World Size is 64",  # `world` in any case: parsed
+    b"comm 0x1 rank 0 NRANKS 8 CUDADEV 0 busId 1000",  # the case NCCL never prints
+    b"rank 0 nranks 8 cudaDev 0 rank 1 nranks 12 cudaDev 1",  # two sizes in one line
 ]
 
 
@@ -37,9 +40,13 @@ def test_the_shortcut_learns_what_the_full_parse_learns(line, monkeypatch):
 
 
 def test_the_shortcut_is_taken_for_plain_nccl_lines_only():
-    needles = processes._TRIGGERS
-    assert processes._nccl_world_size(LINES[0], needles) == 16
-    assert processes._nccl_world_size(LINES[2], needles) is None  # no `rank R` before it
-    assert processes._nccl_world_size(LINES[4], needles) is None
-    assert processes._nccl_world_size(LINES[5], needles) is None
+    others = tuple(n for n in processes._TRIGGERS if n != processes._NRANKS_TRIGGER)
+    assert processes._nccl_world_size(LINES[0], others) == 16
+    assert processes._nccl_world_size(LINES[2], others) is None  # no `rank R` before it
+    assert processes._nccl_world_size(LINES[4], others) is None
+    assert processes._nccl_world_size(LINES[5], others) is None
+    assert processes._nccl_world_size(LINES[6], others) is None  # local_rank: another fact
+    assert processes._nccl_world_size(LINES[8], others) is None
+    assert processes._nccl_world_size(LINES[9], others) is None
+    assert processes._nccl_world_size(LINES[10], others) is None
     assert world_size(LINES) == 128
