@@ -4,9 +4,13 @@ a foreground child of the test, stopped by pid (radosgw first: it waits for RADO
 RGW itself checks S3 signatures, Content-MD5 and its users' keys, which moto does not.
 
 Ceph 16.2 (Debian 12) has no dbstore backend (rgw_backend_store arrived in Ceph 17), so RGW
-needs this small RADOS cluster under it. What made it start here: a monmap with only a v1
-address and ms_bind_msgr2=false, ms_bind_ipv6=false with public_addr=127.0.0.1, a memstore
-OSD (RAM only) and pools of 8 placement groups for its single OSD.
+needs this small RADOS cluster under it. What made it start here: a monmap and mon_host with
+only a v1 address, ms_bind_msgr2=false, ms_bind_ipv6=false with public_addr=127.0.0.1, a memstore
+OSD (RAM only) and pools of 8 placement groups for its single OSD. The OSD is placed in the
+CRUSH map by the `ceph` tool before it starts (osd_crush_update_on_start off): left to itself,
+it sends `osd crush create-or-move` as soon as it has authenticated, and about one start in
+six that command left before the monitor's map reached it, with a zero fsid, which the
+monitor refuses (`wrong fsid`) and the OSD exits 1.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ class CephRgw:
         r = self.root
         return f"""[global]
 fsid = {fsid}
-mon_host = 127.0.0.1:{self.mon_port}
+mon_host = [v1:127.0.0.1:{self.mon_port}]
 mon_initial_members = a
 auth_cluster_required = none
 auth_service_required = none
@@ -62,6 +66,7 @@ mon_allow_pool_size_one = true
 mon_warn_on_pool_no_redundancy = false
 osd_crush_chooseleaf_type = 0
 osd_class_update_on_start = false
+osd_crush_update_on_start = false
 run_dir = {r}/run
 log_file = {r}/log/$name.log
 admin_socket = {r}/run/$name.asok
@@ -103,12 +108,17 @@ rgw_data = {r}/rgw
         osd_uuid = str(uuid.uuid4())
         osd_id = self._run("ceph", *c, "osd", "new", osd_uuid, timeout=timeout).strip()
         self._run("ceph-osd", *c, "-i", osd_id, "--mkfs", "--osd-uuid", osd_uuid, timeout=timeout)
+        place = ("osd", "crush", "add", f"osd.{osd_id}", "1.0", "root=default", "host=localhost")
+        self._run("ceph", *c, *place, timeout=timeout)
         self._daemon("ceph-osd", *c, "-i", osd_id, log="osd-stdout.log")
         self._daemon("radosgw", *c, "-n", "client.rgw.a", log="rgw-stdout.log")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if any(p.poll() is not None for p in self.procs):
-                raise AssertionError(f"a Ceph daemon exited: {self._logs()}")
+            exited = [
+                f"{p.args[0]} (exit {p.returncode})" for p in self.procs if p.poll() is not None
+            ]
+            if exited:
+                raise AssertionError(f"{', '.join(exited)} exited: {self._logs()}")
             try:
                 if httpx.get(self.url, timeout=1).status_code == 200:
                     break
