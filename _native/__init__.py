@@ -11,7 +11,15 @@ import importlib
 import os
 from types import ModuleType
 
-NATIVE_MODULES = ("linesplit", "linebatch", "matcher", "checksum", "ringbuf", "otlp_logs")
+NATIVE_MODULES = (
+    "linesplit",
+    "linebatch",
+    "matcher",
+    "checksum",
+    "ringbuf",
+    "otlp_logs",
+    "stepnumbers",
+)
 
 
 def extensions_disabled() -> bool:
