@@ -148,7 +148,8 @@ class LogSeries:
         # the scanner blanked SDK lines since joining (a native batch is never edited: a list)
         if isinstance(lines, list) and len(joined) != _joined_len(lines):
             joined = b"\n".join(lines)
-        # reading numbers costs tens of µs a line: a long log's are sampled (sampling.py)
+        # judging a line (its prefixes, its numbers, the detectors) costs several µs: a long
+        # log's lines are sampled (sampling.py)
         read = self.sampler.lines_to_read(job, joined, getattr(lines, "line_at", None))
         batch = _Batch(lines, parsed_at, first_seq, arrival_ns, stream, set(read))
         self.tail.keep(job, len(joined), batch)
