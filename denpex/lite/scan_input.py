@@ -20,6 +20,9 @@ SNIFF_BYTES = 64 << 10  # how much of an input is looked at to tell text from bi
 BINARY_RATIO = 0.3  # this share of control bytes (not tab, newline, CR, escape) is binary
 FOLLOW_POLL_S = 0.25
 _TEXT_CONTROLS = frozenset(b"\t\n\r\x1b\x08\x0c")
+# every byte but the control bytes counted against text: deleting them leaves those (a pass in
+# C, where a Python loop over a sniffed chunk cost milliseconds a file)
+_NOT_COUNTED = bytes(b for b in range(256) if b >= 0x20 or b in _TEXT_CONTROLS)
 
 
 def looks_binary(sample: bytes) -> str | None:
@@ -28,7 +31,7 @@ def looks_binary(sample: bytes) -> str | None:
         return None
     if b"\0" in sample:
         return "it contains NUL bytes"
-    controls = sum(1 for b in sample if b < 0x20 and b not in _TEXT_CONTROLS)
+    controls = len(sample.translate(None, _NOT_COUNTED))
     if controls / len(sample) >= BINARY_RATIO:
         return f"{controls / len(sample):.0%} of its first bytes are control characters"
     return None

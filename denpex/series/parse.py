@@ -20,6 +20,7 @@ reading itself is denpex._native.stepnumbers, compiled, or its regex twin stepnu
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 import denpex._native as native
@@ -27,6 +28,7 @@ import denpex._native as native
 PARSE_LIMIT = 4096
 # a line is only parsed when it holds one of these (callers test a whole batch first)
 LITERALS = (b"loss", b"Loss", b"step=", b"per_second", b"SamplesPerSec")
+LITERAL_SEARCH = re.compile(b"|".join(re.escape(literal) for literal in LITERALS))
 
 # canonical keys, most specific first; keys are compared lowercased with single spaces
 LOSS_KEYS = (
@@ -97,7 +99,9 @@ class StepNumbers(NamedTuple):
 
 def wants(data: bytes) -> bool:
     """Whether `data` (a line or a batch of lines) holds anything parse_numbers reads."""
-    return any(literal in data for literal in LITERALS)
+    if len(data) <= PARSE_LIMIT:  # a line: one search beats a `bytes.find` per literal
+        return LITERAL_SEARCH.search(data) is not None
+    return any(literal in data for literal in LITERALS)  # a batch: memchr-fast finds
 
 
 def parse_numbers(line: bytes) -> StepNumbers | None:

@@ -11,14 +11,13 @@ It never looks at a line it does not return (the per-line cost is what it saves)
 from __future__ import annotations
 
 import random
-import re
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import denpex._native as native
-from denpex.series.parse import LITERALS
+from denpex.series.parse import LITERAL_SEARCH
 
 # A value NaN or Inf right after a key (`loss=nan`, `'loss': nan`, `lm loss: NAN`, `loss nan`,
 # JSON's `NaN`/`Infinity`): each 3-byte spelling is a literal the matcher's prefilter keys on
@@ -37,9 +36,6 @@ _SEED = 0x5EED  # the sample is a function of the log alone
 # this much of the end of each log is kept and read whole when it ends: every series still
 # printing there gets its real last step and time (a sample can stop a gap short of them)
 TAIL_BYTES = 128 * 1024
-# the literals in one search from where the next sample may start: it stops at the first hit
-# (a bytes.find per literal would scan a whole batch for each one the log never prints)
-_LITERAL = re.compile(b"|".join(re.escape(literal) for literal in LITERALS))
 
 
 @dataclass(slots=True)
@@ -85,7 +81,9 @@ class LineSampler:
         """The sampled lines holding a literal, each the first after the previous one's gap."""
         resume = max(0, position.next_at - position.offset)
         index, counted_to = 0, 0  # the line number of byte `counted_to`
-        while (hit := _LITERAL.search(joined, resume)) is not None:
+        # one search for all the literals, stopping at the first hit (a bytes.find per literal
+        # would scan a whole batch for each one the log never prints)
+        while (hit := LITERAL_SEARCH.search(joined, resume)) is not None:
             at = hit.start()
             if line_at is not None:
                 index = line_at(at)

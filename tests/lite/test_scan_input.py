@@ -22,6 +22,10 @@ def test_binary_sniffing():
     assert looks_binary(b"\x7fELF\x02\x01\x01\x00\x00") == "it contains NUL bytes"
     assert "control characters" in (looks_binary(bytes(range(1, 32)) * 4) or "")
     assert looks_binary(b"") is None
+    # the share counts control bytes only, tab, newline, CR, escape, backspace and form feed apart
+    assert looks_binary(b"\x01\x02\x03abcdefg") == "30% of its first bytes are control characters"
+    assert looks_binary(b"\x01\x02\x1b\t\n\r\x08\x0cab") is None
+    assert looks_binary(b"\x01\x02\x7f\xffabcdef") is None
 
 
 def expected_tails(data: bytes, cap: int) -> list[bytes]:
