@@ -168,6 +168,13 @@ def _parse_journal_json(line: bytes, out: ParsedLine) -> bool:
 def _strip_leading(out: ParsedLine, year: int | None) -> bool:
     """Remove one recognised prefix from out.body; False when none applies."""
     body = out.body
+    # every prefix starts with `[`, a digit or a letter, and only a host name (or kubectl's
+    # `pod/`) with a small letter: most lines are told apart by their first byte
+    first = body[:1]
+    if first.islower():
+        return out.host is None and _strip_host(out, body)
+    if not (first == b"[" or first.isalnum()):
+        return False
     if out.ts_ns is None and out.source == "log":
         found = _DMESG.match(body)
         if found:
@@ -251,15 +258,19 @@ def _strip_leading(out: ParsedLine, year: int | None) -> bool:
                 )
             out.rank, out.body = int(rank), body[found.end() :]
             return True
-    if out.host is None:
-        found = _KUBECTL.match(body)
-        if found:
-            out.host, out.body = found.group(1).decode(), body[found.end() :]
-            return True
-        found = _HOST.match(body) or _HOST_BEFORE_PREFIX.match(body)
-        if found and not _NOT_HOSTS.match(body):
-            out.host, out.body = found.group(1).decode(), body[found.end() :]
-            return True
+    return out.host is None and _strip_host(out, body)
+
+
+def _strip_host(out: ParsedLine, body: bytes) -> bool:
+    """Remove a host prefix (kubectl's pod, pdsh's `host: `) from out.body."""
+    found = _KUBECTL.match(body)
+    if found:
+        out.host, out.body = found.group(1).decode(), body[found.end() :]
+        return True
+    found = _HOST.match(body) or _HOST_BEFORE_PREFIX.match(body)
+    if found and not _NOT_HOSTS.match(body):
+        out.host, out.body = found.group(1).decode(), body[found.end() :]
+        return True
     return False
 
 

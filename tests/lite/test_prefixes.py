@@ -234,3 +234,20 @@ def test_impossible_dates_keep_the_line_untimed():
 )
 def test_hints_from_path(path, expected):
     assert hints_from_path(path) == expected
+
+
+def test_a_prefix_is_told_by_its_first_byte():
+    # a small letter starts only a host name or kubectl's pod/, which may stack other prefixes
+    pod = parse_line(b"pod/trainer-0/main [rank3]: 2026-11-30T05:00:00Z loss 2.1")
+    assert (pod.host, pod.rank, pod.ts_ns is not None, pod.body) == (
+        "trainer-0",
+        3,
+        True,
+        b"loss 2.1",
+    )
+    host = parse_line(b"node7: 3: E0130 12:10:04.010000 90211 x.py:1] boom", 2026)
+    assert (host.host, host.rank, host.attrs["log_level"], host.body) == ("node7", 3, "E", b"boom")
+    # a space, a brace or a non-ASCII byte first: no prefix at all
+    for line in (b" [rank3]: x", b"{'loss': 2.1}", "█ [rank3]: x".encode()):
+        parsed = parse_line(line)
+        assert (parsed.body, parsed.rank, parsed.host, parsed.ts_ns) == (line, None, None, None)
