@@ -36,6 +36,10 @@ os.environ.setdefault("DENPEX_RAG", "off")
 _TORCH_CACHE = None
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     _TORCH_CACHE = os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="denpex-torch-")
+# denpex's own cache (the validated catalog, the fake NVML library) lives as long as the suite
+_DENPEX_CACHE = None
+if "DENPEX_CACHE_DIR" not in os.environ:
+    _DENPEX_CACHE = os.environ["DENPEX_CACHE_DIR"] = tempfile.mkdtemp(prefix="denpex-cache-")
 
 import jsonschema  # noqa: E402
 import orjson  # noqa: E402
@@ -67,8 +71,9 @@ def _tensorflow_check(where: str) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if _TORCH_CACHE is not None:
-        shutil.rmtree(_TORCH_CACHE, ignore_errors=True)
+    for made in (_TORCH_CACHE, _DENPEX_CACHE):
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

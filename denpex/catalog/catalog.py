@@ -12,6 +12,7 @@ from functools import cache
 from types import ModuleType
 
 import denpex._native as native
+from denpex.catalog.cache import builtin_signatures
 from denpex.catalog.loader import load_signatures
 from denpex.catalog.schema import Signature, template_fields
 from denpex.core.detectors import Detector, detector_catalog
@@ -95,4 +96,4 @@ def load_catalog(paths: Iterable[str] | None = None, *, local: Iterable[str] = (
 def _builtin_catalog(backend: str) -> Catalog:
     # one per matcher backend: DENPEX_NO_EXTENSIONS may change between calls (the tests run
     # both backends in one process)
-    return Catalog(load_signatures())
+    return Catalog(builtin_signatures())

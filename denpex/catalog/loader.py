@@ -44,7 +44,9 @@ def _expand(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     return files
 
 
-def _display(path: Path) -> str:
+def display_name(path: Path) -> str:
+    """How a catalog file is named in messages: relative to the working folder, else by its
+    last two parts."""
     try:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
@@ -54,7 +56,7 @@ def _display(path: Path) -> str:
 
 def load_file(path: Path, taxonomy: Taxonomy) -> tuple[list[Signature], list[str]]:
     """The valid signatures of one file and the problems found in it."""
-    name = _display(path)
+    name = display_name(path)
     try:
         text = path.read_text("utf-8")
     except (OSError, UnicodeDecodeError) as exc:

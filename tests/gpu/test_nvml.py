@@ -237,7 +237,7 @@ def test_shim_xid79_at_t0_through_the_collector_api(tmp_path: Path) -> None:
         **os.environ,
         "DENPEX_NVML_SHIM": "1",
         "DENPEX_NVML_SCENARIO": str(scenario),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "DENPEX_CACHE_DIR": str(tmp_path / "cache"),
         "PYTHONPATH": str(REPO),
     }
     env.pop(SCENARIO_ENV, None)

@@ -29,7 +29,7 @@ def test_agent_once_json_reports_xid79_as_fallen_off_bus(tmp_path: Path) -> None
         **os.environ,
         "DENPEX_NVML_SHIM": "1",
         "DENPEX_NVML_SCENARIO": str(scenario),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "DENPEX_CACHE_DIR": str(tmp_path / "cache"),
         "PYTHONPATH": str(REPO),
     }
     result = subprocess.run(

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from denpex.core import caches
+
 SCENARIO_ENV = "DENPEX_FAKE_NVML_SCENARIO"  # the line file, read by the C library at nvmlInit
 LIBRARY_NAME = "libnvidia-ml.so.1"
 SOURCES = ("fake.h", "fake.c", "fake_mig.c", "fake_events.c")  # the C library, shipped as source
@@ -312,8 +314,7 @@ def write_lines(lines: list[Line], path: Path) -> Path:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "denpex", "nvml-fake")
+    return caches.cache_dir("nvml-fake")
 
 
 def build_fake_library(where: Path | None = None) -> Path:
