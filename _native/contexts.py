@@ -348,3 +348,68 @@ def run(program: Program, entry: int, data: bytes, pos: int, backward: bool) -> 
                 at += step * count
                 pc += 1
     return False
+
+
+@dataclass(slots=True)
+class MatcherPlan:
+    """What the native matcher builds its tables from, a function of the patterns alone: the
+    prefilter's literals (bytes, ignorecase), for each literal its patterns with the (head,
+    tail) contexts of its sites, the context program, and the patterns without a literal.
+    Plain data (`to_data`/`from_data`), so a caller may keep it and skip computing it."""
+
+    literals: list[tuple[bytes, bool]]
+    literal_patterns: list[dict[int, list[tuple[int, int]]]]
+    program: Program
+    always: list[int]
+
+    def to_data(self) -> dict:
+        """JSON-able: literals as Latin-1 text (one character a byte)."""
+        return {
+            "literals": [[literal.decode("latin-1"), case] for literal, case in self.literals],
+            "literal_patterns": [
+                [[index, [list(c) for c in contexts]] for index, contexts in by_pattern.items()]
+                for by_pattern in self.literal_patterns
+            ],
+            "code": [list(instruction) for instruction in self.program.code],
+            "sets": [sorted(members) for members in self.program.sets],
+            "always": self.always,
+        }
+
+    @classmethod
+    def from_data(cls, data: dict) -> MatcherPlan:
+        """The plan `to_data` gave; KeyError, TypeError or ValueError for anything else."""
+        program = Program()
+        for members in data["sets"]:
+            program.set_id(frozenset(int(m) for m in members))
+        program.code = [(int(o), int(a), int(b), int(c)) for o, a, b, c in data["code"]]
+        return cls(
+            literals=[(text.encode("latin-1"), bool(case)) for text, case in data["literals"]],
+            literal_patterns=[
+                {int(index): [(int(h), int(t)) for h, t in contexts] for index, contexts in row}
+                for row in data["literal_patterns"]
+            ],
+            program=program,
+            always=[int(i) for i in data["always"]],
+        )
+
+
+def matcher_plan(patterns: list[str], long_literal: int) -> MatcherPlan:
+    """The plan of `patterns`: each keyed on literals of at least `long_literal` bytes when it
+    has them (they hold a window the fast scan finds), else on its best shorter ones."""
+    literal_ids: dict[tuple[bytes, bool], int] = {}
+    literal_patterns: list[dict[int, list[tuple[int, int]]]] = []
+    program = Program()
+    always: list[int] = []
+    for index, pattern in enumerate(patterns):
+        plan = prefilter_plan(pattern, long_literal) or prefilter_plan(pattern, 1)
+        if plan is None:
+            always.append(index)
+            continue
+        ignorecase, sites = plan
+        for literal, frames in sites.items():
+            key = (literal, ignorecase)
+            if key not in literal_ids:
+                literal_ids[key] = len(literal_patterns)
+                literal_patterns.append({})
+            literal_patterns[literal_ids[key]][index] = site_contexts(frames, ignorecase, program)
+    return MatcherPlan(list(literal_ids), literal_patterns, program, always)

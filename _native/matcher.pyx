@@ -13,7 +13,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 
-from denpex._native.contexts import Program, prefilter_plan, site_contexts
+from denpex._native.contexts import matcher_plan
 from denpex._native.linesearch import LineSearch
 
 cdef extern from *:
@@ -625,33 +625,24 @@ cdef class Matcher:
 
     cdef dx_tab t
     cdef readonly list patterns
+    cdef readonly object plan
     cdef list _search
     cdef list _always
 
     def __cinit__(self):
         memset(&self.t, 0, sizeof(dx_tab))
 
-    def __init__(self, patterns):
+    def __init__(self, patterns, plan=None):
+        """`plan`: the MatcherPlan of these very patterns (kept by a caller from an earlier
+        `self.plan`), or None to compute it."""
         self.patterns = list(patterns)
         self._search = [LineSearch(p).search for p in self.patterns]
-        self._always = []
-        literal_ids = {}  # (literal, ignorecase) -> id
-        literal_patterns = []  # id -> {pattern index: its contexts around that literal}
-        program = Program()
-        for index, pattern in enumerate(self.patterns):
-            plan = prefilter_plan(pattern, LONG) or prefilter_plan(pattern, 1)
-            if plan is None:
-                self._always.append(index)
-                continue
-            ignorecase, sites = plan
-            for literal, frames in sites.items():
-                key = (literal, ignorecase)
-                if key not in literal_ids:
-                    literal_ids[key] = len(literal_patterns)
-                    literal_patterns.append({})
-                literal_patterns[literal_ids[key]][index] = site_contexts(frames, ignorecase, program)
-        self._build(list(literal_ids), literal_patterns)
-        self._build_program(program, literal_patterns)
+        if plan is None:
+            plan = matcher_plan(self.patterns, LONG)
+        self.plan = plan
+        self._always = list(plan.always)
+        self._build(list(plan.literals), plan.literal_patterns)
+        self._build_program(plan.program, plan.literal_patterns)
 
     cdef _build(self, list literals, list literal_patterns):
         cdef dx_tab *t = &self.t

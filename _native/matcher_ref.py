@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
+from denpex._native.contexts import MatcherPlan
 from denpex._native.linesearch import LineSearch
 from denpex._native.literals import literal_plan
 
@@ -16,8 +17,11 @@ from denpex._native.literals import literal_plan
 class Matcher:
     """Matches a fixed list of catalog patterns ('(?i)' prefix = ASCII case-insensitive)."""
 
-    def __init__(self, patterns: list[str]) -> None:
+    def __init__(self, patterns: list[str], plan: MatcherPlan | None = None) -> None:
+        # the native matcher's plan is of no use here (its literal table takes no time to
+        # build): taken for the same signature, never kept
         self.patterns = list(patterns)
+        self.plan: MatcherPlan | None = None
         self._compiled = [LineSearch(p) for p in self.patterns]
         self._always: list[int] = []  # patterns without a usable literal: confirmed on every line
         # (literal, ignorecase) → the patterns that require it (one of their alternatives)

@@ -12,8 +12,9 @@ from functools import cache
 from types import ModuleType
 
 import denpex._native as native
-from denpex.catalog.cache import builtin_signatures
-from denpex.catalog.loader import load_signatures
+import denpex.catalog.cache as kept_catalog
+from denpex._native.contexts import MatcherPlan
+from denpex.catalog.loader import builtin_catalog_files, load_signatures
 from denpex.catalog.schema import Signature, template_fields
 from denpex.core.detectors import Detector, detector_catalog
 
@@ -33,13 +34,17 @@ class Catalog:
         signatures: list[Signature],
         matcher_module: ModuleType | None = None,
         detectors: Mapping[str, Detector] | None = None,
+        plan: MatcherPlan | None = None,
     ):
+        """`plan`: the native matcher's plan of these signatures' patterns (its `plan`
+        attribute, kept from an earlier catalog of them), or None to compute it."""
         self.signatures = signatures
         self.by_id = {s.id: s for s in signatures}
         self.detectors = dict(detector_catalog() if detectors is None else detectors)
         module = matcher_module or native.load("matcher")
         self.backend = "reference" if module.__name__.endswith("_ref") else "native"
-        self._matcher = module.Matcher([s.pattern for s in signatures])
+        self._matcher = module.Matcher([s.pattern for s in signatures], plan)
+        self.plan: MatcherPlan | None = self._matcher.plan
 
     def __len__(self) -> int:
         return len(self.signatures)
@@ -96,4 +101,10 @@ def load_catalog(paths: Iterable[str] | None = None, *, local: Iterable[str] = (
 def _builtin_catalog(backend: str) -> Catalog:
     # one per matcher backend: DENPEX_NO_EXTENSIONS may change between calls (the tests run
     # both backends in one process)
-    return Catalog(builtin_signatures())
+    files = builtin_catalog_files()
+    kept = kept_catalog.read(files)
+    if kept is not None:
+        return Catalog(kept.signatures, plan=kept.plan)
+    catalog = Catalog(load_signatures(files))
+    kept_catalog.write(files, catalog.signatures, catalog.plan)
+    return catalog

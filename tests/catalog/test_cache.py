@@ -1,6 +1,7 @@
-"""The validated copy of the built-in catalog: the same signatures as validating, read back
-without validating, never read when anything it depends on changed, and never in the way
-(a torn, foreign or unwritable cache only means validating again)."""
+"""The kept copy of the built-in catalog: read back, it is what validating and planning gave
+(a catalog built on it matches, captures and prefilters alike); it is never read when
+anything it depends on changed; and it is never in the way (a torn, foreign, corrupted or
+unwritable cache only means validating again)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import shutil
 from dataclasses import fields
 from pathlib import Path
 
+import orjson
 import pytest
 
+import denpex._native as native
 from denpex.catalog import cache, loader
 from denpex.catalog.catalog import Catalog
-from denpex.catalog.loader import CatalogError, load_signatures
+from denpex.catalog.loader import load_signatures
 from denpex.catalog.schema import Signature
+from tests.native.native_support import native_module
 
 SHIPPED = loader.builtin_catalog_files()
 
@@ -26,79 +30,100 @@ def as_dicts(signatures: list[Signature]) -> list[dict]:
     ]
 
 
-class Counting:
-    """The loader, counting its calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, files: list[Path]) -> list[Signature]:
-        self.calls += 1
-        return load_signatures(files)
+def keep(folder: Path, files: list[Path] = SHIPPED) -> Catalog:
+    catalog = Catalog(load_signatures(files))
+    cache.write(files, catalog.signatures, catalog.plan, folder)
+    return catalog
 
 
-def test_read_back_it_is_what_validation_gave_and_validates_nothing(tmp_path: Path) -> None:
-    validate = Counting()
-    first = cache.builtin_signatures(SHIPPED, validate, tmp_path)
-    second = cache.builtin_signatures(SHIPPED, validate, tmp_path)
-    assert validate.calls == 1
-    assert len(list(tmp_path.glob("catalog-*.json"))) == 1
-    assert as_dicts(second) == as_dicts(first) == as_dicts(load_signatures(SHIPPED))
-    # a catalog built on the copy matches and captures as the validated one does
-    fresh, copied = Catalog(first), Catalog(second)
-    lines = [t.encode() for s in first for t in s.examples_match]
-    assert [(m.line_index, m.signature.id) for m in copied.match_lines(lines)] == [
-        (m.line_index, m.signature.id) for m in fresh.match_lines(lines)
+def test_read_back_it_is_what_validating_and_planning_gave(tmp_path: Path) -> None:
+    fresh = keep(tmp_path)
+    kept = cache.read(SHIPPED, tmp_path)
+    assert kept is not None and len(list(tmp_path.glob("catalog-*.json"))) == 1
+    assert as_dicts(kept.signatures) == as_dicts(fresh.signatures)
+    if native.backend("matcher") == "native":
+        assert kept.plan == fresh.plan is not None
+    copied = Catalog(kept.signatures, plan=kept.plan)
+    lines = [
+        t.encode() for s in fresh.signatures for t in (*s.examples_match, *s.examples_no_match)
     ]
-    assert [s.captures(s.examples_match[0].encode()) for s in second] == [
-        s.captures(s.examples_match[0].encode()) for s in first
+    found = [(m.line_index, m.signature.id) for m in copied.match_lines(lines)]
+    assert found == [(m.line_index, m.signature.id) for m in fresh.match_lines(lines)]
+    assert [s.captures(s.examples_match[0].encode()) for s in kept.signatures] == [
+        s.captures(s.examples_match[0].encode()) for s in fresh.signatures
     ]
     assert copied.example_errors() == []
 
 
-def test_a_changed_catalog_file_is_validated_again(tmp_path: Path) -> None:
+def test_the_native_matcher_on_a_kept_plan_finds_what_it_finds_on_its_own() -> None:
+    matcher = native_module("matcher")
+    patterns = [s.pattern for s in load_signatures()]
+    own = matcher.Matcher(patterns)
+    data = orjson.loads(orjson.dumps(own.plan.to_data()))
+    again = matcher.Matcher(patterns, type(own.plan).from_data(data))
+    corpus = b"\n".join(t.encode() for s in load_signatures() for t in s.examples_match) * 3
+    assert again.scan(corpus) == own.scan(corpus) and len(own.scan(corpus)) > 1000
+
+
+def test_a_changed_catalog_file_is_not_read(tmp_path: Path) -> None:
     folder = tmp_path / "signatures" / "gpu"
     folder.mkdir(parents=True)
     source = next(p for p in SHIPPED if p.parent.name == "gpu")
     copy = folder / source.name
     shutil.copy(source, copy)
-    validate = Counting()
-    before = cache.builtin_signatures([copy], validate, tmp_path / "cache")
-    text = copy.read_text()
-    copy.write_text(text.replace(before[0].summary, before[0].summary + " (edited)", 1))
-    after = cache.builtin_signatures([copy], validate, tmp_path / "cache")
-    assert validate.calls == 2
-    assert after[0].summary == before[0].summary + " (edited)"
+    before = keep(tmp_path / "cache", [copy])
+    assert cache.read([copy], tmp_path / "cache") is not None
+    summary = before.signatures[0].summary
+    copy.write_text(copy.read_text().replace(summary, summary + " (edited)", 1))
+    assert cache.read([copy], tmp_path / "cache") is None
+    keep(tmp_path / "cache", [copy])
+    kept = cache.read([copy], tmp_path / "cache")
+    assert kept is not None and kept.signatures[0].summary == summary + " (edited)"
     # the copy of the earlier catalog is removed, not kept beside the new one
     assert len(list((tmp_path / "cache").glob("catalog-*.json"))) == 1
 
 
-def test_an_invalid_catalog_raises_and_leaves_no_copy(tmp_path: Path) -> None:
-    broken = tmp_path / "bad" / "broken.yaml"
-    broken.parent.mkdir()
-    broken.write_text("- id: gpu.x\n  category: gpu.nope\n")
-    with pytest.raises(CatalogError):
-        cache.builtin_signatures([broken], None, tmp_path / "cache")
-    assert not list((tmp_path / "cache").glob("catalog-*.json"))
+def corrupt_one_value(blob: bytes) -> bytes:
+    data = orjson.loads(blob)
+    data["body"]["signatures"][3]["severity"] = "info"
+    return orjson.dumps(data)
 
 
 @pytest.mark.parametrize(
-    "content",
-    [b"", b"{not json", b'{"format": 1, "digest": "other", "signatures": []}', b"[1, 2]",
-     b'{"format": 1, "digest": "%s", "signatures": [{"id": "x"}]}'],
+    "damage",
+    [lambda b: b"", lambda b: b[: len(b) // 2], lambda b: b"[1, 2]",
+     lambda b: b.replace(b'"format":1', b'"format":99'), corrupt_one_value],
+    ids=["empty", "torn", "not ours", "other format", "a value changed"],
 )  # fmt: skip
-def test_a_torn_or_foreign_copy_means_validating_again(tmp_path: Path, content: bytes) -> None:
-    validate = Counting()
-    good = as_dicts(cache.builtin_signatures(SHIPPED, validate, tmp_path))
+def test_a_damaged_copy_is_not_read(tmp_path: Path, damage) -> None:
+    keep(tmp_path)
     (path,) = tmp_path.glob("catalog-*.json")
-    path.write_bytes(content.replace(b"%s", cache._digest(SHIPPED).encode()))
-    assert as_dicts(cache.builtin_signatures(SHIPPED, validate, tmp_path)) == good
-    assert validate.calls == 2
+    path.write_bytes(damage(path.read_bytes()))
+    assert cache.read(SHIPPED, tmp_path) is None
 
 
 def test_an_unwritable_cache_folder_is_no_error(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("a file where the folder would be")
-    validate = Counting()
-    got = cache.builtin_signatures(SHIPPED, validate, blocked / "catalog")
-    assert as_dicts(got) == as_dicts(load_signatures(SHIPPED)) and validate.calls == 1
+    keep(blocked / "catalog")
+    assert cache.read(SHIPPED, blocked / "catalog") is None
+
+
+def test_the_builtin_catalog_is_kept_once_and_read_after(tmp_path: Path, monkeypatch) -> None:
+    from denpex.catalog import catalog as catalog_module
+
+    monkeypatch.setenv("DENPEX_CACHE_DIR", str(tmp_path))
+    catalog_module._builtin_catalog.cache_clear()
+    try:
+        first = catalog_module.load_catalog()
+        catalog_module._builtin_catalog.cache_clear()
+
+        def no_validation(*args, **kwargs):
+            raise AssertionError("validated although a kept copy was there")
+
+        monkeypatch.setattr(catalog_module, "load_signatures", no_validation)
+        second = catalog_module.load_catalog()
+        assert as_dicts(second.signatures) == as_dicts(first.signatures)
+        assert second.plan == first.plan
+    finally:
+        catalog_module._builtin_catalog.cache_clear()
