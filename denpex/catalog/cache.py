@@ -79,8 +79,8 @@ class Kept:
 def read(files: list[Path], folder: Path | None = None) -> Kept | None:
     """The kept copy of the catalog `files`, or None when there is none (or none for these
     files, this code and these versions)."""
-    digest = _digest(files)
     try:
+        digest = _digest(files)  # an unreadable catalog file: validation says so
         data = orjson.loads(_path(folder, digest).read_bytes())
         body = data["body"]
         if (
