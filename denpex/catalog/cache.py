@@ -17,10 +17,7 @@ author editing them expects.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -114,22 +111,7 @@ def write(
     body = {"signatures": rows, "plan": plan.to_data() if plan is not None else None}
     check = hashlib.sha256(orjson.dumps(body)).hexdigest()
     blob = orjson.dumps({"format": FORMAT, "digest": digest, "check": check, "body": body})
-    path = _path(folder, digest)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".catalog-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(blob)
-            os.replace(temporary, path)  # whole or not at all, whoever else writes it
-        except BaseException:
-            os.unlink(temporary)
-            raise
-        for old in path.parent.glob("catalog-*.json"):  # the copies of earlier catalogs
-            if old != path:
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    caches.replace_file(_path(folder, digest), blob, stale="catalog-*.json")
 
 
 def _path(folder: Path | None, digest: str) -> Path:
@@ -145,18 +127,9 @@ def _digest(files: list[Path]) -> str:
     for name in ("taxonomy.yaml", CATALOG_FILE):
         h.update(core.joinpath(name).read_bytes())
     for module in _VALIDATING_CODE:
-        h.update(_source_identity(module))
-    h.update(_source_identity(native.load("matcher").__name__))  # the plan's reader
+        h.update(caches.source_identity(module))
+    h.update(caches.source_identity(native.load("matcher").__name__))  # the plan's reader
     return h.hexdigest()
-
-
-def _source_identity(module: str) -> bytes:
-    """A module's source; in a frozen binary (no source files) the binary's size and time."""
-    try:
-        return Path(importlib.import_module(module).__file__ or "").read_bytes()
-    except OSError:
-        stat = os.stat(sys.executable)
-        return f"{sys.executable}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()
 
 
 def _signature(row: dict[str, Any], files: list[Path]) -> Signature:

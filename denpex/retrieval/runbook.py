@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from denpex.retrieval.index import VectorIndex, VectorStore, shipped_passages
+from denpex.retrieval.normalise import normalise_ahead
 from denpex.retrieval.passages import Passage, catalog_passages, folder_passages, site_runbook_dirs
 
 if TYPE_CHECKING:
@@ -54,5 +55,6 @@ def runbook_index(
     store: VectorStore | None = None,
 ) -> VectorIndex:
     passages = runbook_passages(catalog, docs=docs, site_dirs=site_dirs)
+    normalise_ahead([t for p in passages for t in (p.title, *p.texts)])  # for BM25 too
     vectors = (store or shipped_store()).vectors_for(passages, embedder)
     return VectorIndex(passages, vectors)

@@ -92,3 +92,34 @@ def test_bm25_indexes_and_searches_the_normalised_words():
     ]
     hits = Bm25Index(passages).search("CANCELLED on node7 DUE TO PREEMPTION", 2)
     assert [h.passage.id for h in hits] == ["runbook:pre"]  # node7 is no word of either
+
+
+def test_texts_normalised_ahead_read_back_the_same_and_a_damaged_copy_is_redone(
+    tmp_path, monkeypatch
+):
+    from denpex.retrieval import normalise as module
+
+    texts = [
+        f"RuntimeError: CUDA error at 2026-12-0{i}T04:56:09 on gpu-c-00{i} pid {i}0000"
+        for i in range(1, 8)
+    ]
+    expected = [module._normalise(t) for t in texts]
+    monkeypatch.setattr(module, "_KNOWN", {})
+    module.normalise_ahead(texts, tmp_path)
+    (kept,) = tmp_path.glob("normalised-*.json")
+    assert [normalise(t) for t in texts] == expected
+    # a later process reads the copy instead of normalising: a copy that was changed shows it
+    kept.write_bytes(kept.read_bytes().replace(b"RuntimeError", b"FromTheCopy"))
+    monkeypatch.setattr(module, "_KNOWN", {})
+    module.normalise_ahead(texts, tmp_path)
+    assert normalise(texts[0]).startswith("FromTheCopy")
+    # a torn copy is normalised again and replaced
+    kept.write_bytes(b'["half')
+    monkeypatch.setattr(module, "_KNOWN", {})
+    module.normalise_ahead(texts, tmp_path)
+    assert [normalise(t) for t in texts] == expected
+    # other texts: another copy, the earlier one removed
+    monkeypatch.setattr(module, "_KNOWN", {})
+    module.normalise_ahead(texts[:3], tmp_path)
+    assert [p.name for p in tmp_path.glob("normalised-*.json")] != [kept.name]
+    assert len(list(tmp_path.glob("normalised-*.json"))) == 1
