@@ -157,7 +157,7 @@ class Scanner:
         self._sdk_ids: set[str] = set()
         self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
         self._splitter_cls = native.load("linebatch").LineBatcher
-        self._words = native.load("matcher").Matcher([re.escape(w.decode()) for w in _WORDS])
+        self._words = native.shared_matcher([re.escape(w.decode()) for w in _WORDS])
 
     # -- input ---------------------------------------------------------------------------
     def stream(

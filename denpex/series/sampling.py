@@ -62,7 +62,7 @@ class LineSampler:
 
     def __init__(self) -> None:
         self._positions: dict[str, _Position] = {}
-        self._nonfinite = native.load("matcher").Matcher([NONFINITE_PATTERN])
+        self._nonfinite = native.shared_matcher([NONFINITE_PATTERN])
 
     def lines_to_read(
         self, log: str, joined: bytes, line_at: Callable[[int], int] | None = None
