@@ -22,6 +22,7 @@ NATIVE_MODULES = (
     "ringbuf",
     "otlp_logs",
     "stepnumbers",
+    "prefixes",
 )
 
 
