@@ -84,7 +84,7 @@ def parse_line(line: bytes, year: int | None = None) -> ParsedLine:
     out = ParsedLine(body=line)
     if line[:1] == b"{" and b'"MESSAGE"' in line:
         _parse_journal_json(line, out)
-    else:
+    elif line[:1].isdigit():  # a record starts with its priority: most lines are told at once
         kmsg = parse_prefix(line)
         if kmsg is not None:
             out.source = "kmsg"
