@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,22 +45,11 @@ _VALIDATING_CODE = (
     "denpex._native.literals",
     "denpex._native.contexts",  # and the matcher's plan
 )
-# what a Signature keeps from validation; `file` is where it was read from (shown to people
-# relative to the working folder, so computed again at each load) and `compiled` its pattern
-_STORED = (
-    "id",
-    "category",
-    "severity",
-    "regex",
-    "summary",
-    "action",
-    "explain",
-    "refs",
-    "examples_match",
-    "examples_no_match",
-    "sources",
-    "flags",
-    "line",
+# what a Signature keeps from validation: all its fields but where it was read from (`file`,
+# shown to people relative to the working folder, so computed again at each load), the entry
+# it overrides (never, in the shipped catalog) and its compiled pattern
+_STORED = tuple(
+    f.name for f in fields(Signature) if f.name not in ("file", "overrides", "compiled")
 )
 
 
@@ -133,8 +122,8 @@ def _digest(files: list[Path]) -> str:
 
 
 def _signature(row: dict[str, Any], files: list[Path]) -> Signature:
-    fields = {name: row[name] for name in _STORED}
-    fields["sources"], fields["flags"] = tuple(fields["sources"]), tuple(fields["flags"])
-    signature = Signature(**fields, file=display_name(files[row["file"]]))
+    values = {name: row[name] for name in _STORED}
+    values["sources"], values["flags"] = tuple(values["sources"]), tuple(values["flags"])
+    signature = Signature(**values, file=display_name(files[row["file"]]))
     signature.compiled = LineSearch(signature.pattern)
     return signature

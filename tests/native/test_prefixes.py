@@ -7,9 +7,7 @@ UTF-8, from every state parse_line starts it in; and its C scan, not the twin, r
 
 from __future__ import annotations
 
-import importlib.util
 from datetime import UTC, datetime
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -18,16 +16,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from denpex._native import prefixes_ref
-from tests.native.native_support import native_module
+from tests.native.native_support import bench_lines, corpus_lines, native_module
 
 HYPOTHESIS_SEED = 20261203
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "tests" / "corpus"
-CORPUS_LOGS = sorted(
-    p for p in CORPUS.rglob("*") if p.is_file() and p.suffix not in (".yaml", ".md")
-)
-BENCH_SEED = 20261130  # benchmarks/bench_scan.py's default
-FAILURE_LINES = [b"RuntimeError: CUDA error: an illegal memory access was encountered"]
 # (ts_ns, host, rank, pid, source): a plain line, a kmsg record, journal records (a falsy host
 # or pid is replaced by NCCL's), and states parse_line never passes, read alike all the same
 STATES = [
@@ -58,25 +49,6 @@ def strip_both(native, line: bytes, year, state=STATES[0]):
     assert comparable(got) == comparable(expected), (line, year, state)
     assert native.fallbacks == before, line
     return expected
-
-
-def corpus_lines() -> list[bytes]:
-    lines: list[bytes] = []
-    for path in CORPUS_LOGS:
-        data = path.read_bytes()
-        lines += data.split(b"\n")  # carriage returns kept: a body may hold them
-        lines += data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-    return lines
-
-
-def bench_lines() -> list[bytes]:
-    path = ROOT / "benchmarks" / "bench_matcher.py"
-    spec = importlib.util.spec_from_file_location("bench_matcher_for_prefixes", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    buf, _ = module.make_corpus(3_000_000, BENCH_SEED, FAILURE_LINES)
-    return buf.split(b"\n")
 
 
 def test_the_corpora_strip_the_same_and_in_c(native):

@@ -6,11 +6,9 @@ and on random bytes; and its C scan, not the twin, reads every line it can (`fal
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 import unicodedata
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -20,16 +18,9 @@ from hypothesis import strategies as st
 
 from denpex._native import stepnumbers_ref
 from denpex.series import parse
-from tests.native.native_support import native_module
+from tests.native.native_support import bench_lines, corpus_lines, native_module
 
 HYPOTHESIS_SEED = 20261203
-ROOT = Path(__file__).resolve().parents[2]
-CORPUS = ROOT / "tests" / "corpus"
-CORPUS_LOGS = sorted(
-    p for p in CORPUS.rglob("*") if p.is_file() and p.suffix not in (".yaml", ".md")
-)
-BENCH_SEED = 20261130  # benchmarks/bench_scan.py's default
-FAILURE_LINES = [b"RuntimeError: CUDA error: an illegal memory access was encountered"]
 TABLES = (
     parse.LOSS_KEYS,
     parse.GRAD_NORM_KEYS,
@@ -70,25 +61,6 @@ def needs_twin(line: bytes, limit: int = parse.PARSE_LIMIT) -> bool:
         ord(c) >= 0x80 and c != "µ" and (c.isalnum() or c.isspace())
         for c in head.decode("utf-8", "replace")
     )
-
-
-def corpus_lines() -> list[bytes]:
-    lines: list[bytes] = []
-    for path in CORPUS_LOGS:
-        data = path.read_bytes()
-        lines += data.split(b"\n")  # carriage returns kept: the parser's rule reads them
-        lines += data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-    return lines
-
-
-def bench_lines() -> list[bytes]:
-    path = ROOT / "benchmarks" / "bench_matcher.py"
-    spec = importlib.util.spec_from_file_location("bench_matcher_for_stepnumbers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    buf, _ = module.make_corpus(3_000_000, BENCH_SEED, FAILURE_LINES)
-    return buf.split(b"\n")
 
 
 def assert_same(native_parser, reference, line: bytes) -> None:
