@@ -10,6 +10,7 @@ cause that cannot explain it. Pure functions over a RuleContext; no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from denpex.core.events import Evidence, severity_rank
 from denpex.diagnosis.context import (
@@ -146,32 +147,42 @@ def accounted_for(ctx: RuleContext, root: Evidence) -> list[Evidence]:
     """The failures `root` explains, directly or through a chain of `explains` edges (a link
     down → IB errors → NCCL errors); `root` first."""
     chain = [root]
-    seen = {id(root)}
     # an item is only compared with the chain's members of categories that have an `explains`
-    # edge to its own: most pairs have none, and comparing with every member was quadratic
+    # edge to its own (most pairs have none), and with each member once: `checked` is how many
+    # of each category's members it has been compared with in earlier passes
     by_category = {root.category: [root]}
-    pending = [(e, _absorbed(ctx, root, e)) for e in ctx.failures if e is not root]
+    pending = [_Pending(e, _absorbed(ctx, root, e)) for e in ctx.failures if e is not root]
     grew = True
     while grew:
         grew = False
-        for item, absorbed in pending:
-            if id(item) in seen:
+        for entry in pending:
+            if entry.in_chain:
                 continue
-            if absorbed or _explained(ctx, by_category, item):
-                chain.append(item)
-                by_category.setdefault(item.category, []).append(item)
-                seen.add(id(item))
-                grew = True
+            if entry.absorbed or _explained(ctx, by_category, entry):
+                chain.append(entry.item)
+                by_category.setdefault(entry.item.category, []).append(entry.item)
+                entry.in_chain = grew = True
     return chain
 
 
-def _explained(ctx: RuleContext, by_category: dict[str, list[Evidence]], item: Evidence) -> bool:
-    return any(
-        ctx.explains(cause, item)
-        for category, members in by_category.items()
-        if ctx.config.explains(category, item.category)
-        for cause in members
-    )
+@dataclass(slots=True)
+class _Pending:
+    item: Evidence
+    absorbed: bool
+    in_chain: bool = False
+    checked: dict[str, int] = field(default_factory=dict)
+
+
+def _explained(ctx: RuleContext, by_category: dict[str, list[Evidence]], entry: _Pending) -> bool:
+    item, checked = entry.item, entry.checked
+    for category, members in by_category.items():
+        if not ctx.config.explains(category, item.category):
+            continue
+        start = checked.get(category, 0)
+        checked[category] = len(members)
+        if any(ctx.explains(cause, item) for cause in members[start:]):
+            return True
+    return False
 
 
 def further_findings(

@@ -26,10 +26,18 @@ def _matcher(patterns: list[str]) -> Matcher:
     prefixes = tuple(p[:-1] for p in patterns if p.endswith(".*") and "*" not in p[:-2])
     globs = [p for p in patterns if "*" in p and not (p.endswith(".*") and "*" not in p[:-2])]
 
+    # the answer per name: the rules ask about few names (categories, signatures), often;
+    # bounded, since evidence from elsewhere may name anything
+    known: dict[str, bool] = {}
+
     def matches(name: str) -> bool:
-        if name in exact or (prefixes and name.startswith(prefixes)):
-            return True
-        return any(fnmatch.fnmatchcase(name, g) for g in globs)
+        answer = known.get(name)
+        if answer is None:
+            answer = name in exact or bool(prefixes and name.startswith(prefixes))
+            answer = answer or any(fnmatch.fnmatchcase(name, g) for g in globs)
+            if len(known) < 4096:
+                known[name] = answer
+        return answer
 
     return matches
 

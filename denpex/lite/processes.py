@@ -132,13 +132,18 @@ def learn(
     has_local_rank = bool(found[b"local_rank"]) if found is not None else b"local_rank" in joined
     if state.table_rank is not None or has_local_rank:
         needles = (*needles, _TABLE_EXIT_TRIGGER)
+    others = tuple(n for n in needles if n != _NRANKS_TRIGGER)
     if found is None:
         indexes = lines_with(joined, needles, getattr(lines, "line_at", None))
+        holding_others: set[int] | None = None
     else:
         indexes = sorted({index for needle in needles for index in found[needle]})
-    others = tuple(n for n in needles if n != _NRANKS_TRIGGER)
+        holding_others = {index for needle in others for index in found[needle]}
     for index in indexes:
-        size = _nccl_world_size(lines[index], others)
+        if holding_others is None:
+            size = _nccl_world_size(lines[index], others)
+        else:  # which lines hold the other words is known: no search of each line for them
+            size = None if index in holding_others else _nccl_world_size(lines[index], ())
         if size is not None:
             facts.world_size = max(size, facts.world_size or 0)
             continue

@@ -483,6 +483,9 @@ class Scanner:
             if event.host is None and event.rank is not None:
                 event.host = self.host_of_rank.get(event.rank)
         named_hosts = {*self.host_of_rank.values(), *(h for h, _ in self.rank_of_gpu if h)}
+        by_stream: dict[str | None, list[Evidence]] = {}
+        for evidence in self.evidence:
+            by_stream.setdefault(evidence.event.attrs.get("stream"), []).append(evidence)
         for state in self.streams.values():
             # a default host only for a stream that names one host and one only: blaming the
             # wrong node (and draining it) is worse than naming none
@@ -491,10 +494,8 @@ class Scanner:
             rank = state.rank
             if host is None and rank is None:
                 continue
-            for evidence in self.evidence:
+            for evidence in by_stream.get(state.name, ()):
                 event = evidence.event
-                if event.attrs.get("stream") != state.name:
-                    continue
                 if event.host is None and host is not None:
                     event.host = host
                 if event.rank is None and rank is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Protocol
@@ -22,7 +22,13 @@ from denpex.core.events import Event, Evidence
 from denpex.series.findings import Finding, fmt
 from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
 from denpex.series.loss_scale import LossScaleTracker
-from denpex.series.parse import PARSE_LIMIT, StepNumbers, parse_candidate, wants
+from denpex.series.parse import (
+    LITERAL_SEARCH,
+    PARSE_LIMIT,
+    StepNumbers,
+    parse_candidate,
+    wants,
+)
 from denpex.series.sampling import LineSampler, Tail
 from denpex.series.thresholds import (
     LossRules,
@@ -41,6 +47,26 @@ MIN_TIMED_OBSERVATIONS = 3  # a series needs this many timed lines before its ga
 
 def _joined_len(lines: Sequence[bytes]) -> int:
     return sum(map(len, lines)) + max(0, len(lines) - 1)
+
+
+def _lines_with_literals(batch: _Batch, skip: int) -> Iterator[int]:
+    """The indexes of `batch`'s lines that hold one of parse.py's literals (only those can
+    hold numbers), ascending, leaving out the lines wholly within its first `skip` bytes; one
+    search over the joined batch, not one per line."""
+    joined = batch.joined
+    line_at = getattr(batch.lines, "line_at", None)
+    resume = joined.rfind(b"\n", 0, skip) + 1 if skip > 0 else 0
+    index, counted_to = 0, 0  # the line number of byte `counted_to`
+    while (hit := LITERAL_SEARCH.search(joined, resume)) is not None:
+        at = hit.start()
+        if line_at is not None:
+            index = line_at(at)
+        else:
+            index += joined.count(b"\n", counted_to, at)
+            counted_to = at
+        yield index
+        end = joined.find(b"\n", at)
+        resume = (end if end >= 0 else len(joined)) + 1
 
 
 def _job(stream: str) -> str:
@@ -76,6 +102,7 @@ class _Batch:
     """A batch as observe was handed it, kept for the end of its log (sampling.Tail)."""
 
     lines: Sequence[bytes]
+    joined: bytes  # the lines joined by newlines
     parsed_at: Callable[[int], ParsedLine]
     first_seq: int
     arrival_ns: int | None
@@ -151,7 +178,7 @@ class LogSeries:
         # judging a line (its prefixes, its numbers, the detectors) costs several µs: a long
         # log's lines are sampled (sampling.py)
         read = self.sampler.lines_to_read(job, joined, getattr(lines, "line_at", None))
-        batch = _Batch(lines, parsed_at, first_seq, arrival_ns, stream, set(read))
+        batch = _Batch(lines, joined, parsed_at, first_seq, arrival_ns, stream, set(read))
         self.tail.keep(job, len(joined), batch)
         for index in read:
             line = self._read(job, batch, index, create=True)
@@ -190,10 +217,8 @@ class LogSeries:
         """The lines the sample left unread at the end of a log: where each series stopped
         (its last step, time and line) becomes exact; the detectors judged the sample."""
         for skip, batch in self.tail.batches(job):
-            at = 0
-            for index, line in enumerate(batch.lines):
-                at += len(line) + 1
-                if at <= skip or index in batch.read:
+            for index in _lines_with_literals(batch, skip):
+                if index in batch.read:
                     continue
                 read = self._read(job, batch, index, create=False)
                 if read is None:

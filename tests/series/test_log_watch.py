@@ -13,8 +13,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+import denpex._native as native
 from denpex.catalog import load_catalog
 from denpex.lite.scanner import Scanner
+from denpex.series.log_watch import _Batch, _lines_with_literals
+from denpex.series.parse import LITERALS
 from denpex.series.sampling import FULL_PARSE_LINES
 
 # the sampler finds non-finite values with the native matcher: on it and on its twin
@@ -246,3 +249,26 @@ def test_the_series_of_two_logs_never_mix():
     scanner.close_all()
     assert series_evidence(scanner) == []
     assert {key[0] for key in scanner.series.series} == {"a.log", "b.log"}
+
+
+def test_the_tail_is_read_on_exactly_the_lines_that_hold_a_literal():
+    # one search over the joined batch finds the lines the per-line test finds, from `skip` on
+    rng = random.Random(11)
+    print("seed", 11)
+    words = [b"loss=1.5", b"Loss", b"step=3", b"x" * 40, b"per_second", b"NCCL INFO", b"a"]
+    lines = [b" ".join(rng.choices(words, k=rng.randint(1, 3))) for _ in range(400)]
+    joined = b"\n".join(lines)
+    batcher = native.load("linebatch").LineBatcher()
+    native_batch = batcher.feed(joined + b"\n")
+    assert list(native_batch) == lines
+    for skip in (0, 1, 7, len(lines[0]), len(lines[0]) + 1, len(joined) // 2, len(joined)):
+        ends, at = [], 0
+        for line in lines:
+            at += len(line) + 1
+            ends.append(at)
+        expected = [
+            i for i, line in enumerate(lines) if ends[i] > skip and any(w in line for w in LITERALS)
+        ]
+        for kind in (lines, native_batch):  # a list (SDK lines blanked) and a native batch
+            batch = _Batch(kind, joined, lambda i: None, 1, None, "log", set())
+            assert list(_lines_with_literals(batch, skip)) == expected, skip
