@@ -8,6 +8,7 @@ from typing import overload
 
 class Batch:
     joined: bytes
+    newlines: int
     def __len__(self) -> int: ...
     @overload
     def __getitem__(self, index: int) -> bytes: ...

@@ -16,12 +16,14 @@ cdef class Batch:
     """The lines one chunk completed: a sequence of bytes (cleaned lines) over one buffer."""
 
     cdef readonly bytes joined
+    cdef readonly int64_t newlines  # the b"\n" bytes of the chunk (0 for a flush)
     cdef Py_ssize_t _count
     cdef int64_t* _starts  # _count + 1 entries; the last is len(joined) + 1
     cdef int64_t* _newlines
 
     def __cinit__(self):
         self.joined = b""
+        self.newlines = 0
         self._count = 0
         self._starts = NULL
         self._newlines = NULL
@@ -189,9 +191,10 @@ cdef inline Py_ssize_t _find(const char* base, int byte, Py_ssize_t start, Py_ss
     return n if hit == NULL else hit - base
 
 
-cdef Batch _batch(_Out* out):
+cdef Batch _batch(_Out* out, int64_t newlines):
     cdef Batch batch = Batch.__new__(Batch)
     batch.joined = PyBytes_FromStringAndSize(out.buf, out.len)
+    batch.newlines = newlines
     if out.starts == NULL:
         out.starts = <int64_t*>malloc(sizeof(int64_t))
         if out.starts == NULL:
@@ -280,7 +283,7 @@ cdef class LineBatcher:
                 raise MemoryError()
             if start < n:
                 self._take(base + start, n - start)
-            return _batch(&out)
+            return _batch(&out, seen)
         finally:
             free(out.buf)
             free(out.starts)
@@ -298,7 +301,7 @@ cdef class LineBatcher:
             if self._len and _emit(&out, self._pending, self._len, 0) < 0:
                 raise MemoryError()
             self._len = 0
-            return _batch(&out)
+            return _batch(&out, 0)
         finally:
             free(out.buf)
             free(out.starts)

@@ -35,10 +35,11 @@ def clean(line: bytes) -> bytes:
 class Batch:
     """The lines one chunk completed: a sequence of bytes (cleaned lines) over one buffer."""
 
-    __slots__ = ("_newlines", "_starts", "joined")
+    __slots__ = ("_newlines", "_starts", "joined", "newlines")
 
-    def __init__(self, lines: list[bytes], newlines: list[int]) -> None:
+    def __init__(self, lines: list[bytes], newlines: list[int], total_newlines: int = 0) -> None:
         self.joined = b"\n".join(lines)
+        self.newlines = total_newlines  # the b"\n" bytes of the chunk (0 for a flush)
         starts, at = [], 0
         for line in lines:
             starts.append(at)
@@ -123,7 +124,7 @@ class LineBatcher:
                 seen += 1
             at += 1
         self._take(data[at:])
-        return Batch(lines, newlines)
+        return Batch(lines, newlines, seen)
 
     def flush(self) -> Batch:
         """The unterminated last line, if any (at end of input)."""

@@ -26,6 +26,7 @@ from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, st
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
 from denpex.lite.processes import TRIGGER_WORDS, JobFacts, LauncherState, innermost_frame, learn
 from denpex.series.log_watch import LogSeries
+from denpex.series.sampling import NONFINITE_PATTERN
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
@@ -157,7 +158,10 @@ class Scanner:
         self._sdk_ids: set[str] = set()
         self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
         self._splitter_cls = native.load("linebatch").LineBatcher
-        self._words = native.shared_matcher([re.escape(w.decode()) for w in _WORDS])
+        # the words, and the series sampler's non-finite values, found in one pass
+        self._words = native.shared_matcher(
+            [*(re.escape(w.decode()) for w in _WORDS), NONFINITE_PATTERN]
+        )
 
     # -- input ---------------------------------------------------------------------------
     def stream(
@@ -195,7 +199,7 @@ class Scanner:
         continued = state.partial
         lines = state.splitter.feed(data)
         self._scan(state, lines, arrival_ns, data=data, continued=continued)
-        _advance(state, data, arrival_ns)
+        _advance(state, data, lines.newlines, arrival_ns)
 
     def close(self, name: str, arrival_ns: int | None = None) -> None:
         state = self.streams.get(name)
@@ -251,13 +255,19 @@ class Scanner:
 
         joined = lines.joined
         words: dict[bytes, list[int]] = {word: [] for word in _WORDS}
+        nonfinite: list[int] = []
         for line_index, word in self._words.scan(joined):
-            words[_WORDS[word]].append(line_index)
+            if word < len(_WORDS):
+                words[_WORDS[word]].append(line_index)
+            else:
+                nonfinite.append(line_index)
         self._learn_attribution(state, lines, joined, parsed_at, first_seq, words)
         batch = lines  # its line numbers stay right when SDK lines are blanked below
         if words[STDERR_PREFIX]:
             lines = self._take_sdk_lines(state, lines, parsed_at, first_seq)
-        series = self.series.observe(joined, lines, parsed_at, first_seq, arrival_ns, state.name)
+        series = self.series.observe(
+            joined, lines, parsed_at, first_seq, arrival_ns, state.name, nonfinite
+        )
         if isinstance(lines, list):  # SDK lines were blanked
             joined = b"\n".join(lines)
         # one line is one piece of evidence per category, however many variants match it:
@@ -634,11 +644,11 @@ class Scanner:
         return stats
 
 
-def _advance(state: StreamState, data: bytes, arrival_ns: int | None) -> None:
-    """After a chunk: where the next line starts (its number, when its first byte came)."""
+def _advance(state: StreamState, data: bytes, newlines: int, arrival_ns: int | None) -> None:
+    """After a chunk holding `newlines` b"\n" (its batch counted them): where the next line
+    starts (its number, when its first byte came)."""
     if not data:
         return
-    newlines = data.count(b"\n")
     if data[-1:] in (b"\n", b"\r"):
         state.partial = False
     elif newlines or b"\r" in data or not state.partial:

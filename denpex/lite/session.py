@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ class LiteSession:
         self.boards: BoardLookup | None = None  # the GPUs' serials, for a shipped report
         self.inputs = InputNotes()
         self._tails: dict[str, LongLineTails] = {}
+        self._retrieval_ready: threading.Thread | None = None  # the model loading meanwhile
 
     @classmethod
     def for_run(
@@ -332,6 +334,7 @@ class LiteSession:
         every_tail = list(self._tails.values())
         self.notes.extend(self.inputs.notes(every_tail, LINE_CAP))
         stats.update({k: v for k, v in self.inputs.counts(every_tail).items() if v})
+        self._prepare_retrieval(evidence)
         self.diagnosis = diagnose(
             DiagnosisInput(
                 evidence=evidence,
@@ -366,6 +369,18 @@ class LiteSession:
             self.notes.append(f"{len(kept)} piece(s) of evidence from the node agent")
         return kept
 
+    def _prepare_retrieval(self, evidence: list) -> None:
+        """Load the retrieval model while the diagnosis is worked out, where a block is
+        likely to follow it: a text report of evidence that holds a failure."""
+        if not self.options.text or not any(e.is_failure for e in evidence):
+            return
+        from denpex.retrieval.lookup import prepare
+
+        self._retrieval_ready = threading.Thread(
+            target=prepare, args=(self.catalog,), name="denpex-retrieval", daemon=True
+        )
+        self._retrieval_ready.start()
+
     def write_reports(self, diagnosis: Diagnosis) -> None:
         from denpex.lite.report_html import render_html
         from denpex.lite.report_text import render_text
@@ -390,6 +405,8 @@ class LiteSession:
                 sink(data, facts)
         if opts.text:  # after the verdict, which never waits for the model to load
             self.write_retrieval(data)
+        if self._retrieval_ready is not None:  # never left loading while the process exits
+            self._retrieval_ready.join()
 
     def run_facts(self) -> dict:
         """started_ns, name, gpus and labels of this run, for its report (those known). A
@@ -416,6 +433,8 @@ class LiteSession:
         from denpex.retrieval.lookup import retrieval_block
         from denpex.retrieval.rewrite import rewritten_lines
 
+        if self._retrieval_ready is not None:
+            self._retrieval_ready.join()
         block = retrieval_block(data, self.catalog, incidents=self.options.incidents)
         if block is None:
             return

@@ -9,6 +9,7 @@ own beyond loading the model.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,8 @@ from denpex.retrieval.index import Hit, VectorIndex, query_vectors
 
 if TYPE_CHECKING:
     from denpex.catalog import Catalog
+
+log = logging.getLogger("denpex.retrieval.lookup")
 
 # (query text, its vectors (one a line), how many) → hits; raises OSError when the source is down
 IncidentSource = Callable[[str, Any, int], Sequence[Hit]]
@@ -46,6 +49,17 @@ def _indexes_for(catalog: Catalog) -> tuple[VectorIndex, Bm25Index]:
         vectors = runbook_index(catalog, shared_embedder())
         _INDEXES[key] = (vectors, Bm25Index(vectors.passages))
     return _INDEXES[key]
+
+
+def prepare(catalog: Catalog) -> None:
+    """Load the model and the runbook's index ahead of `retrieval_block` (a caller overlaps
+    the ~0.3 s with its own work); never raises: retrieval_block reports what failed."""
+    if not enabled():
+        return
+    try:
+        _indexes_for(catalog)
+    except Exception:  # a broken model: retrieval_block meets it again and says so
+        log.debug("retrieval could not be prepared", exc_info=True)
 
 
 def search_runbook(catalog: Catalog, query: str, vector: Any, k: int = RUNBOOK_K) -> list[Hit]:

@@ -164,9 +164,11 @@ class LogSeries:
         first_seq: int,
         arrival_ns: int | None,
         stream: str,
+        nonfinite: list[int] | None = None,
     ) -> list[tuple[int, Evidence]]:
         """Read the numbers of a batch of lines (`joined` is them joined, tested first);
-        returns (line index, evidence) for what the detectors found."""
+        returns (line index, evidence) for what the detectors found. `nonfinite`: the lines
+        sampling.NONFINITE_PATTERN matches, when the caller's own pass found them."""
         job = _job(stream)
         self._saw(job, arrival_ns)
         if not wants(joined):
@@ -174,10 +176,10 @@ class LogSeries:
         found: list[tuple[int, Evidence]] = []
         # the scanner blanked SDK lines since joining (a native batch is never edited: a list)
         if isinstance(lines, list) and len(joined) != _joined_len(lines):
-            joined = b"\n".join(lines)
+            joined, nonfinite = b"\n".join(lines), None
         # judging a line (its prefixes, its numbers, the detectors) costs several µs: a long
         # log's lines are sampled (sampling.py)
-        read = self.sampler.lines_to_read(job, joined, getattr(lines, "line_at", None))
+        read = self.sampler.lines_to_read(job, joined, getattr(lines, "line_at", None), nonfinite)
         batch = _Batch(lines, joined, parsed_at, first_seq, arrival_ns, stream, set(read))
         self.tail.keep(job, len(joined), batch)
         for index in read:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -65,13 +65,21 @@ class LineSampler:
         self._nonfinite = native.shared_matcher([NONFINITE_PATTERN])
 
     def lines_to_read(
-        self, log: str, joined: bytes, line_at: Callable[[int], int] | None = None
+        self,
+        log: str,
+        joined: bytes,
+        line_at: Callable[[int], int] | None = None,
+        nonfinite: Iterable[int] | None = None,
     ) -> list[int]:
         """`line_at` (a native batch's: the line holding a byte offset) saves counting the
-        newlines before each sampled line, a pass over the batch."""
+        newlines before each sampled line, a pass over the batch; `nonfinite`, the lines
+        NONFINITE_PATTERN matches (a caller's matcher found them in its own pass), saves
+        this one's pass."""
         position = self._positions.setdefault(log, _Position())
         chosen = set(self._sampled(position, joined, line_at))
-        chosen.update(index for index, _ in self._nonfinite.scan(joined))
+        if nonfinite is None:
+            nonfinite = (index for index, _ in self._nonfinite.scan(joined))
+        chosen.update(nonfinite)
         position.offset += len(joined) + 1
         return sorted(chosen)
 

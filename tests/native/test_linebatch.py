@@ -44,8 +44,10 @@ def batches(cls, cap: int, parts: list[bytes]):
     """Everything a batcher says about a stream fed in `parts`."""
     batcher = cls(cap)
     out = []
-    for batch in [*(batcher.feed(p) for p in parts), batcher.flush()]:
+    fed = [*parts, b""]  # the flush: no chunk, no newline
+    for batch, data in zip([*(batcher.feed(p) for p in parts), batcher.flush()], fed, strict=True):
         count = len(batch)
+        assert batch.newlines == data.count(b"\n")
         out.append(
             (
                 batch.joined,
@@ -65,6 +67,7 @@ def test_reference_semantics():
     assert list(batch) == [b"red", b"quoted", b"long-lin", b"x"]
     assert batch.joined == b"red\nquoted\nlong-lin\nx"
     assert [batch.newlines_before(i) for i in range(4)] == [0, 1, 3, 4]
+    assert batch.newlines == 5  # every b"\n" of the chunk, the empty line's included
     assert (
         batch.head(2) == b"red\nquoted"
         and batch[-1] == b"x"

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from denpex.catalog import load_catalog
+from denpex.lite.session import LiteSession, ReportOptions
 from denpex.retrieval import lookup
 from denpex.retrieval.block import assemble, query_evidence, query_text
 from denpex.retrieval.index import Hit
@@ -135,3 +137,37 @@ def test_denpex_scan_prints_the_block_under_the_verdict_and_nothing_without_it(l
     off = _scan("-c", hide, path, env=env)
     assert off.returncode == 1
     assert off.stderr == verdict + "\n", "without the extra the verdict is all there is"
+
+
+def test_the_model_loads_while_the_diagnosis_is_made_and_is_never_left_loading(monkeypatch, capsys):
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    monkeypatch.setenv("COLUMNS", "100")
+    failed = LiteSession(load_catalog(), ReportOptions(color=False))
+    failed.scan_file(str(CORPUS / "ckpt_enospc.log"))
+    failed.conclude(None, None)
+    assert failed._retrieval_ready is not None  # started: the evidence holds a failure
+    assert not failed._retrieval_ready.is_alive()  # ... and joined before conclude returned
+    assert "denpex-retrieval" not in {t.name for t in threading.enumerate()}
+    assert "[runbook:host.disk_full." in capsys.readouterr().err
+    healthy = LiteSession(load_catalog(), ReportOptions(color=False))
+    healthy.scan_file(str(CORPUS / "healthy" / "hf_trainer_json_metrics.log"))
+    healthy.conclude(0, None)
+    assert healthy._retrieval_ready is None  # no failure: no model loaded for nothing
+
+
+def test_preparing_with_a_broken_model_raises_nothing(monkeypatch, tmp_path):
+    bad = tmp_path / "model.onnx"
+    bad.write_bytes(b"not an onnx file")
+    monkeypatch.setenv("DENPEX_EMBEDDING_MODEL", str(bad))
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    from denpex.retrieval import embedding
+
+    embedding.shared_embedder.cache_clear()
+    catalog = load_catalog()  # a fresh index: the one kept for this catalog is dropped
+    monkeypatch.setattr(lookup, "_INDEXES", {})
+    try:
+        lookup.prepare(catalog)
+        block = lookup.retrieval_block(DIAG, catalog)
+    finally:
+        embedding.shared_embedder.cache_clear()
+    assert block is not None and block.notes[0].startswith("retrieval failed:")
