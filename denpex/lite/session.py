@@ -175,6 +175,9 @@ class LiteSession:
         self.inputs.total_bytes += part.inputs.total_bytes
         for tails in part.tails:  # flushed: counted at the end, never fed again
             self._tails[f"{len(self._tails)} (absorbed)"] = tails
+        # the model loads while the other files are read (scan_files forked its workers
+        # before the first part came back: the thread is never forked)
+        self._prepare_retrieval(part.scan.evidence)
 
     def scan_fd(
         self, name: str, fd: int, *, host: str | None = None, rank: int | None = None
@@ -370,9 +373,11 @@ class LiteSession:
         return kept
 
     def _prepare_retrieval(self, evidence: list) -> None:
-        """Load the retrieval model while the diagnosis is worked out, where a block is
-        likely to follow it: a text report of evidence that holds a failure."""
-        if not self.options.text or not any(e.is_failure for e in evidence):
+        """Load the retrieval model in the background, once, where a block is likely to
+        follow the diagnosis: a text report of evidence that holds a failure."""
+        if self._retrieval_ready is not None or not self.options.text:
+            return
+        if not any(e.is_failure for e in evidence):
             return
         from denpex.retrieval.lookup import prepare
 

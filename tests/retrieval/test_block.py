@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from denpex.catalog import load_catalog
+from denpex.lite.file_scan import FileInput, scan_files
 from denpex.lite.session import LiteSession, ReportOptions
 from denpex.retrieval import lookup
 from denpex.retrieval.block import assemble, query_evidence, query_text
@@ -18,6 +19,7 @@ from denpex.retrieval.index import Hit
 from denpex.retrieval.passages import Passage
 
 CORPUS = Path(__file__).resolve().parents[1] / "corpus"
+HEALTHY = CORPUS / "healthy" / "hf_trainer_json_metrics.log"  # no failure evidence
 DIAG = {
     "status": "failed",
     "summary": "No space left on device (rank 0 at 12:00:03 UTC).",
@@ -150,7 +152,7 @@ def test_the_model_loads_while_the_diagnosis_is_made_and_is_never_left_loading(m
     assert "denpex-retrieval" not in {t.name for t in threading.enumerate()}
     assert "[runbook:host.disk_full." in capsys.readouterr().err
     healthy = LiteSession(load_catalog(), ReportOptions(color=False))
-    healthy.scan_file(str(CORPUS / "healthy" / "hf_trainer_json_metrics.log"))
+    healthy.scan_file(str(HEALTHY))
     healthy.conclude(0, None)
     assert healthy._retrieval_ready is None  # no failure: no model loaded for nothing
 
@@ -171,3 +173,14 @@ def test_preparing_with_a_broken_model_raises_nothing(monkeypatch, tmp_path):
     finally:
         embedding.shared_embedder.cache_clear()
     assert block is not None and block.notes[0].startswith("retrieval failed:")
+
+
+def test_a_scan_of_many_files_loads_the_model_while_the_rest_are_read(monkeypatch, capsys):
+    monkeypatch.setenv("DENPEX_RAG", "on")
+    session = LiteSession(load_catalog(), ReportOptions(color=False))
+    files = [FileInput(str(CORPUS / "ckpt_enospc.log")), FileInput(str(HEALTHY))]
+    scan_files(session, files, jobs=2)
+    assert session._retrieval_ready is not None  # begun on the first part with a failure
+    session.conclude(None, None)
+    assert not session._retrieval_ready.is_alive()
+    assert "[runbook:host.disk_full." in capsys.readouterr().err
