@@ -44,6 +44,7 @@ _VALIDATING_CODE = (
     "denpex.core.detectors",
     "denpex._native.literals",
     "denpex._native.contexts",  # and the matcher's plan
+    "denpex.core.scan_cues",  # planned after the signatures
 )
 # what a Signature keeps from validation: all its fields but where it was read from (`file`,
 # shown to people relative to the working folder, so computed again at each load), the entry

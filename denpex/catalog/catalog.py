@@ -17,6 +17,7 @@ from denpex._native.contexts import MatcherPlan
 from denpex.catalog.loader import builtin_catalog_files, load_signatures
 from denpex.catalog.schema import Signature, template_fields
 from denpex.core.detectors import Detector, detector_catalog
+from denpex.core.scan_cues import PATTERNS as CUES
 
 
 @dataclass(slots=True)
@@ -27,7 +28,9 @@ class Match:
 
 class Catalog:
     """Signatures plus the matcher built over their patterns, and the detectors (evidence
-    ids that are not regex matches) beside them: together, every id denpex reports."""
+    ids that are not regex matches) beside them: together, every id denpex reports. The
+    matcher also finds a scan's cues (denpex.core.scan_cues) in the same pass, after the
+    signatures' patterns; only `scan_joined` reports them."""
 
     def __init__(
         self,
@@ -36,15 +39,16 @@ class Catalog:
         detectors: Mapping[str, Detector] | None = None,
         plan: MatcherPlan | None = None,
     ):
-        """`plan`: the native matcher's plan of these signatures' patterns (its `plan`
-        attribute, kept from an earlier catalog of them), or None to compute it."""
+        """`plan`: the native matcher's plan of these signatures' patterns and the cues (its
+        `plan` attribute, kept from an earlier catalog of them), or None to compute it."""
         self.signatures = signatures
         self.by_id = {s.id: s for s in signatures}
         self.detectors = dict(detector_catalog() if detectors is None else detectors)
         module = matcher_module or native.load("matcher")
         self.backend = "reference" if module.__name__.endswith("_ref") else "native"
-        self._matcher = module.Matcher([s.pattern for s in signatures], plan)
+        self._matcher = module.Matcher([*(s.pattern for s in signatures), *CUES], plan)
         self.plan: MatcherPlan | None = self._matcher.plan
+        self._cues_from = len(signatures)  # the matcher's index of the first cue
 
     def __len__(self) -> int:
         return len(self.signatures)
@@ -58,12 +62,32 @@ class Catalog:
 
     def match_lines(self, lines: list[bytes]) -> list[Match]:
         """Every (line, signature) match over `lines`, in line order."""
-        return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan_lines(lines)]
+        first_cue, signatures = self._cues_from, self.signatures
+        return [
+            Match(li, signatures[pi])
+            for li, pi in self._matcher.scan_lines(lines)
+            if pi < first_cue
+        ]
 
     def match_joined(self, joined: bytes) -> list[Match]:
         """Every (line, signature) match over lines joined by b"\\n" (none of them holding
         one), in line order: the same as match_lines on them, without a list of lines."""
-        return [Match(li, self.signatures[pi]) for li, pi in self._matcher.scan(joined)]
+        first_cue, signatures = self._cues_from, self.signatures
+        return [
+            Match(li, signatures[pi]) for li, pi in self._matcher.scan(joined) if pi < first_cue
+        ]
+
+    def scan_joined(self, joined: bytes) -> tuple[list[Match], list[tuple[int, int]]]:
+        """match_joined, and the scan's cues found in the same pass: (line index, index in
+        denpex.core.scan_cues.PATTERNS), in line order."""
+        first_cue, signatures = self._cues_from, self.signatures
+        matches, cues = [], []
+        for li, pi in self._matcher.scan(joined):
+            if pi < first_cue:
+                matches.append(Match(li, signatures[pi]))
+            else:
+                cues.append((li, pi - first_cue))
+        return matches, cues
 
     def example_errors(self) -> list[str]:
         """Examples that disagree with the compiled matcher, and summary fields that no

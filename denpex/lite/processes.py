@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from denpex.core.scan_cues import LAUNCHER_WORDS, NRANKS, TABLE_EXIT
 from denpex.lite.prefixes import parse_line
 
 _TABLE_HOST = re.compile(rb"^[ \t]{0,8}host[ \t]{0,16}: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62})[ \t]*$")
@@ -37,14 +38,7 @@ _WORLD_SIZE = re.compile(
 # _WORLD_SIZE where no `world` is in the line (any case): only its NCCL alternative can match
 _NRANKS_ALONE = re.compile(rb" nranks (\d{1,7}) cudaDev ", re.IGNORECASE)
 _FRAME = re.compile(rb'^[ \t]{1,16}File "([^"\n]{1,1024})", line (\d{1,9}), in ([^ \t\n]{1,200})')
-# lines worth parsing hold one of these (each costs one bytes.find over a chunk); a table's
-# `exitcode : … (pid: N)` line is looked for only after its `rank : … (local_rank: …)` line,
-# its `host :` line and a traceback's frames are looked up from the line that needs them
-_NRANKS_TRIGGER = b" nranks "
 _NCCL_NRANKS = re.compile(rb" rank \d{1,6} nranks (\d{1,7}) cudaDev ")
-_TRIGGERS = (b"local_rank", b"Killing subprocess", b"orld_size", b"WORLD_SIZE", _NRANKS_TRIGGER)
-_TABLE_EXIT_TRIGGER = b"(pid: "
-TRIGGER_WORDS = (*_TRIGGERS, _TABLE_EXIT_TRIGGER)  # what `learn` may look for
 _TABLE_REACH = 4  # lines between a table's `rank` line and its `exitcode` line
 _KILLING_REACH = 20  # lines between two `Killing subprocess` lines of one burst
 _FRAME_REACH = 4  # lines between a traceback's innermost frame and its exception line
@@ -126,13 +120,16 @@ def learn(
 ) -> None:
     """Takes every process fact the chunk `lines` states (`joined` is `lines` joined by
     b"\\n"; a native batch's `line_at` finds their lines); only lines holding a trigger word
-    are parsed. `found`: the lines holding each of TRIGGER_WORDS, when the caller has
-    looked already (the scanner, in one native pass for all its words)."""
-    needles: tuple[bytes, ...] = _TRIGGERS
+    are parsed. `found`: the lines holding each of LAUNCHER_WORDS and TABLE_EXIT
+    (denpex.core.scan_cues), when the caller has looked already (the scanner, in the
+    catalog's pass). A table's `exitcode : … (pid: N)` line is looked for only after its
+    `rank : … (local_rank: …)` line; its `host :` line and a traceback's frames are looked up
+    from the line that needs them."""
+    needles: tuple[bytes, ...] = LAUNCHER_WORDS
     has_local_rank = bool(found[b"local_rank"]) if found is not None else b"local_rank" in joined
     if state.table_rank is not None or has_local_rank:
-        needles = (*needles, _TABLE_EXIT_TRIGGER)
-    others = tuple(n for n in needles if n != _NRANKS_TRIGGER)
+        needles = (*needles, TABLE_EXIT)
+    others = tuple(n for n in needles if n != NRANKS)
     if found is None:
         indexes = lines_with(joined, needles, getattr(lines, "line_at", None))
         holding_others: set[int] | None = None

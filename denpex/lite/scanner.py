@@ -22,11 +22,11 @@ from denpex._native.linebatch_ref import ANSI
 from denpex.catalog import Catalog, Match
 from denpex.catalog.schema import Signature
 from denpex.core.events import Event, Evidence, severity_rank
+from denpex.core.scan_cues import NONFINITE, WORDS
 from denpex.core.sdk_wire import STDERR_PREFIX, SdkWireError, decode_message, stderr_payload
 from denpex.lite.prefixes import ParsedLine, iso_to_ns, parse_line, year_in
-from denpex.lite.processes import TRIGGER_WORDS, JobFacts, LauncherState, innermost_frame, learn
+from denpex.lite.processes import JobFacts, LauncherState, innermost_frame, learn
 from denpex.series.log_watch import LogSeries
-from denpex.series.sampling import NONFINITE_PATTERN
 
 LINE_CAP = 64 * 1024
 MAX_EVIDENCE = 20_000
@@ -48,11 +48,6 @@ _NCCL_HOST_AT_START = re.compile(rb"([A-Za-z][A-Za-z0-9_.-]{0,62}):\d{1,10}:\d{1
 _SRUN_TASKS = re.compile(
     rb"srun: error: ([A-Za-z0-9][A-Za-z0-9_.-]{0,62}): tasks? ([0-9][0-9,-]{0,200}):"
 )
-# the words whose lines the learners read (and that say whether a batch holds SDK lines),
-# found in one native pass over each batch: a bytes.find per word would be a pass each.
-# Not " NCCL ": only whether a batch holds one matters, and on a chatty job it is on so many
-# lines that listing them cost more than the catalog's whole pass (`in` stops at the first)
-_WORDS = (*TRIGGER_WORDS, b"busId", b"srun: error: ", STDERR_PREFIX)
 # captures that name the process a line is about ("Killed process 42431", "pid: 42431")
 _PID_CAPTURES = ("pid", "pid_table", "pid2", "worker_pid")
 _PCI = re.compile(r"^(?:([0-9a-fA-F]{4,8}):)?([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?$")
@@ -158,10 +153,6 @@ class Scanner:
         self._sdk_ids: set[str] = set()
         self.series = LogSeries()  # the numbers the job prints (loss, scale, step time)
         self._splitter_cls = native.load("linebatch").LineBatcher
-        # the words, and the series sampler's non-finite values, found in one pass
-        self._words = native.shared_matcher(
-            [*(re.escape(w.decode()) for w in _WORDS), NONFINITE_PATTERN]
-        )
 
     # -- input ---------------------------------------------------------------------------
     def stream(
@@ -254,13 +245,16 @@ class Scanner:
             return parsed_cache[index]
 
         joined = lines.joined
-        words: dict[bytes, list[int]] = {word: [] for word in _WORDS}
+        # the signatures, the words whose lines the learners read (and that say whether a
+        # batch holds SDK lines) and the sampler's non-finite values: one pass (scan_cues)
+        matches, cues = self.catalog.scan_joined(joined)
+        words: dict[bytes, list[int]] = {word: [] for word in WORDS}
         nonfinite: list[int] = []
-        for line_index, word in self._words.scan(joined):
-            if word < len(_WORDS):
-                words[_WORDS[word]].append(line_index)
-            else:
+        for line_index, cue in cues:
+            if cue == NONFINITE:
                 nonfinite.append(line_index)
+            else:
+                words[WORDS[cue]].append(line_index)
         self._learn_attribution(state, lines, joined, parsed_at, first_seq, words)
         batch = lines  # its line numbers stay right when SDK lines are blanked below
         if words[STDERR_PREFIX]:
@@ -268,12 +262,12 @@ class Scanner:
         series = self.series.observe(
             joined, lines, parsed_at, first_seq, arrival_ns, state.name, nonfinite
         )
-        if isinstance(lines, list):  # SDK lines were blanked
-            joined = b"\n".join(lines)
+        if isinstance(lines, list):  # SDK lines were blanked: matched again without them
+            matches = self.catalog.match_joined(b"\n".join(lines))
         # one line is one piece of evidence per category, however many variants match it:
         # the most severe variant (the first of equals, the catalog lists specific ones first)
         best: dict[tuple[int, str], Match] = {}
-        for match in self.catalog.match_joined(joined):
+        for match in matches:
             key = (match.line_index, match.signature.category)
             kept = best.get(key)
             if kept is None or severity_rank(match.signature.severity) > severity_rank(
@@ -325,7 +319,7 @@ class Scanner:
         found: dict[bytes, list[int]],
     ) -> None:
         """Learns who is who from the lines (`joined`: them joined by b"\\n"; `found`: the
-        lines holding each of _WORDS)."""
+        lines holding each of scan_cues.WORDS)."""
         learn(self.facts, state.launcher, lines, joined, parsed_at, first_seq, found)
         if len(state.nccl_hosts) < 2 and b" NCCL " in joined:
             _nccl_hosts(joined, state.nccl_hosts, 2)
@@ -645,7 +639,7 @@ class Scanner:
 
 
 def _advance(state: StreamState, data: bytes, newlines: int, arrival_ns: int | None) -> None:
-    """After a chunk holding `newlines` b"\n" (its batch counted them): where the next line
+    """After a chunk holding `newlines` b"\\n" (its batch counted them): where the next line
     starts (its number, when its first byte came)."""
     if not data:
         return

@@ -168,7 +168,7 @@ class LogSeries:
     ) -> list[tuple[int, Evidence]]:
         """Read the numbers of a batch of lines (`joined` is them joined, tested first);
         returns (line index, evidence) for what the detectors found. `nonfinite`: the lines
-        sampling.NONFINITE_PATTERN matches, when the caller's own pass found them."""
+        denpex.core.scan_cues.NONFINITE_PATTERN matches, when the caller's pass found them."""
         job = _job(stream)
         self._saw(job, arrival_ns)
         if not wants(joined):

@@ -1,5 +1,6 @@
 """Which lines of a log the series parser reads: every line whose loss (or another number) is
-NaN or Inf, found by the native matcher in one pass over a batch, and a deterministic sample of
+NaN or Inf, found by the native matcher in one pass over a batch (the scanner's: the catalog's
+own, denpex.core.scan_cues), and a deterministic sample of
 the other lines with numbers, found with one search per sampled line, so that the numbers of a
 long log cost the scanner a bounded share of its time; and the end of each log (Tail), read
 whole once the log ended, since where each series stopped is what a hang is measured from.
@@ -17,11 +18,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import denpex._native as native
+from denpex.core.scan_cues import NONFINITE_PATTERN
 from denpex.series.parse import LITERAL_SEARCH
 
-# A value NaN or Inf right after a key (`loss=nan`, `'loss': nan`, `lm loss: NAN`, `loss nan`,
-# JSON's `NaN`/`Infinity`): each 3-byte spelling is a literal the matcher's prefilter keys on
-NONFINITE_PATTERN = r"""(?:[:=]|loss) ?['"]?[-+]?(?:nan|NaN|NAN|inf|Inf|INF)(?:inity|INITY)?\b"""
 # Every line with numbers is read until FULL_PARSE_LINES were; then at most one in `gap` bytes
 # of the log, the gap starting at MIN_GAP_BYTES and doubling every DOUBLE_EVERY lines read
 # up to MAX_GAP_BYTES, each gap drawn between half and one and a half of that (a fixed gap

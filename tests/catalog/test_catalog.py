@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from denpex.catalog import Catalog, CatalogError, load_catalog, load_signatures
-from denpex.core import load_taxonomy
+from denpex.core import load_taxonomy, scan_cues
 
 # the matcher, line splitter and ring buffer, compiled and pure Python (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("both_backends")
@@ -189,3 +189,30 @@ def test_library_size_and_coverage():
         if c.id != "unknown" and per_category[c.id] < 3
     }
     assert thin == {}
+
+
+def test_the_scan_cues_are_found_in_the_catalogs_pass_and_reported_apart():
+    catalog = load_catalog()
+    lines = [
+        b"node7:4100:4100 [3] NCCL INFO comm 0x55 rank 3 nranks 16 cudaDev 3 busId 3b000",
+        b"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        b"step=120 loss=nan lr=3e-4",
+        b"exitcode  : -9 (pid: 4100)",
+        b"srun: error: node3: task 5: Killed",
+        b"NCCL INFO Using network IB",  # INF of INFO: no non-finite value
+        b"plain line",
+    ]
+    joined = b"\n".join(lines)
+    matches, cues = catalog.scan_joined(joined)
+    assert [(m.line_index, m.signature.id) for m in matches] == [
+        (m.line_index, m.signature.id) for m in catalog.match_joined(joined)
+    ]
+    assert matches and all(m.line_index != 6 for m in matches)
+    words = {
+        (i, scan_cues.WORDS.index(w)) for i, line in enumerate(lines) for w in scan_cues.WORDS
+        if w in line
+    }  # fmt: skip
+    assert {c for c in cues if c[1] != scan_cues.NONFINITE} == words
+    assert {i for i, c in cues if c == scan_cues.NONFINITE} == {2}
+    # the cues never reach the signatures' answers
+    assert {m.signature.id for m in catalog.match_lines(lines)} == {m.signature.id for m in matches}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from denpex.core.scan_cues import LAUNCHER_WORDS, NRANKS, WORDS
 from denpex.lite import processes
 from denpex.lite.prefixes import parse_line
 from denpex.lite.processes import JobFacts, LauncherState, learn
@@ -25,22 +26,34 @@ LINES = [
 ]
 
 
-def world_size(lines: list[bytes]) -> int | None:
+def world_size(lines: list[bytes], *, words_found: bool = False) -> int | None:
+    """What `learn` takes from `lines`: looking for its words itself, or told where they are
+    (`words_found`: as the scanner tells it, from the catalog's pass)."""
     facts = JobFacts()
     joined = b"\n".join(lines)
-    learn(facts, LauncherState(), lines, joined, lambda i: parse_line(lines[i]), 1)
+    found = {w: [i for i, line in enumerate(lines) if w in line] for w in WORDS}
+    learn(
+        facts,
+        LauncherState(),
+        lines,
+        joined,
+        lambda i: parse_line(lines[i]),
+        1,
+        found if words_found else None,
+    )
     return facts.world_size
 
 
+@pytest.mark.parametrize("words_found", [False, True])
 @pytest.mark.parametrize("line", LINES)
-def test_the_shortcut_learns_what_the_full_parse_learns(line, monkeypatch):
-    fast = world_size([line])
+def test_the_shortcut_learns_what_the_full_parse_learns(line, words_found, monkeypatch):
+    fast = world_size([line], words_found=words_found)
     monkeypatch.setattr(processes, "_nccl_world_size", lambda line, needles: None)
-    assert fast == world_size([line])
+    assert fast == world_size([line], words_found=words_found)
 
 
 def test_the_shortcut_is_taken_for_plain_nccl_lines_only():
-    others = tuple(n for n in processes._TRIGGERS if n != processes._NRANKS_TRIGGER)
+    others = tuple(n for n in LAUNCHER_WORDS if n != NRANKS)
     assert processes._nccl_world_size(LINES[0], others) == 16
     assert processes._nccl_world_size(LINES[2], others) is None  # no `rank R` before it
     assert processes._nccl_world_size(LINES[4], others) is None
@@ -49,4 +62,4 @@ def test_the_shortcut_is_taken_for_plain_nccl_lines_only():
     assert processes._nccl_world_size(LINES[8], others) is None
     assert processes._nccl_world_size(LINES[9], others) is None
     assert processes._nccl_world_size(LINES[10], others) is None
-    assert world_size(LINES) == 128
+    assert world_size(LINES) == world_size(LINES, words_found=True) == 128
