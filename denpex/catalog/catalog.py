@@ -72,10 +72,7 @@ class Catalog:
     def match_joined(self, joined: bytes) -> list[Match]:
         """Every (line, signature) match over lines joined by b"\\n" (none of them holding
         one), in line order: the same as match_lines on them, without a list of lines."""
-        first_cue, signatures = self._cues_from, self.signatures
-        return [
-            Match(li, signatures[pi]) for li, pi in self._matcher.scan(joined) if pi < first_cue
-        ]
+        return self.scan_joined(joined)[0]
 
     def scan_joined(self, joined: bytes) -> tuple[list[Match], list[tuple[int, int]]]:
         """match_joined, and the scan's cues found in the same pass: (line index, index in

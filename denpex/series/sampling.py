@@ -1,8 +1,8 @@
 """Which lines of a log the series parser reads: every line whose loss (or another number) is
-NaN or Inf, found by the native matcher in one pass over a batch (the scanner's: the catalog's
-own, denpex.core.scan_cues), and a deterministic sample of
-the other lines with numbers, found with one search per sampled line, so that the numbers of a
-long log cost the scanner a bounded share of its time; and the end of each log (Tail), read
+NaN or Inf, found by the native matcher in one pass over a batch (the scanner hands over those
+of the catalog's own pass: denpex.core.scan_cues), and a deterministic sample of the other
+lines with numbers, found with one search per sampled line, so that the numbers of a long log
+cost the scanner a bounded share of its time; and the end of each log (Tail), read
 whole once the log ended, since where each series stopped is what a hang is measured from.
 
 Pure over the bytes it is handed: no clock, no I/O; the same log always gives the same lines.
