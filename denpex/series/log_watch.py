@@ -22,14 +22,8 @@ from denpex.core.events import Event, Evidence
 from denpex.series.findings import Finding, fmt
 from denpex.series.loss import LossSpikeDetector, NonFiniteLoss, nan_finding
 from denpex.series.loss_scale import LossScaleTracker
-from denpex.series.parse import (
-    LITERAL_SEARCH,
-    PARSE_LIMIT,
-    StepNumbers,
-    parse_candidate,
-    wants,
-)
-from denpex.series.sampling import LineSampler, Tail
+from denpex.series.parse import PARSE_LIMIT, StepNumbers, parse_candidate, wants
+from denpex.series.sampling import LineSampler, Tail, literal_lines
 from denpex.series.thresholds import (
     LossRules,
     LossScaleRules,
@@ -50,23 +44,11 @@ def _joined_len(lines: Sequence[bytes]) -> int:
 
 
 def _lines_with_literals(batch: _Batch, skip: int) -> Iterator[int]:
-    """The indexes of `batch`'s lines that hold one of parse.py's literals (only those can
-    hold numbers), ascending, leaving out the lines wholly within its first `skip` bytes; one
-    search over the joined batch, not one per line."""
+    """The lines of `batch` that may hold numbers (sampling.literal_lines), leaving out those
+    wholly within its first `skip` bytes."""
     joined = batch.joined
-    line_at = getattr(batch.lines, "line_at", None)
-    resume = joined.rfind(b"\n", 0, skip) + 1 if skip > 0 else 0
-    index, counted_to = 0, 0  # the line number of byte `counted_to`
-    while (hit := LITERAL_SEARCH.search(joined, resume)) is not None:
-        at = hit.start()
-        if line_at is not None:
-            index = line_at(at)
-        else:
-            index += joined.count(b"\n", counted_to, at)
-            counted_to = at
-        yield index
-        end = joined.find(b"\n", at)
-        resume = (end if end >= 0 else len(joined)) + 1
+    start = joined.rfind(b"\n", 0, skip) + 1 if skip > 0 else 0
+    return literal_lines(joined, start, getattr(batch.lines, "line_at", None))
 
 
 def _job(stream: str) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -86,22 +86,40 @@ class LineSampler:
         self, position: _Position, joined: bytes, line_at: Callable[[int], int] | None
     ) -> Iterator[int]:
         """The sampled lines holding a literal, each the first after the previous one's gap."""
-        resume = max(0, position.next_at - position.offset)
-        index, counted_to = 0, 0  # the line number of byte `counted_to`
-        # one search for all the literals, stopping at the first hit (a bytes.find per literal
-        # would scan a whole batch for each one the log never prints)
-        while (hit := LITERAL_SEARCH.search(joined, resume)) is not None:
-            at = hit.start()
-            if line_at is not None:
-                index = line_at(at)
-            else:
-                index += joined.count(b"\n", counted_to, at)
-                counted_to = at
-            yield index
+
+        def gap_after_a_line() -> int:
             position.sampled += 1
-            end = joined.find(b"\n", at)
-            resume = (end if end >= 0 else len(joined)) + 1 + position.gap()
+            return position.gap()
+
+        start = max(0, position.next_at - position.offset)
+        resume = yield from literal_lines(joined, start, line_at, gap_after_a_line)
         position.next_at = position.offset + resume  # a gap past the batch runs on into the next
+
+
+def literal_lines(
+    joined: bytes,
+    start: int,
+    line_at: Callable[[int], int] | None = None,
+    gap: Callable[[], int] = lambda: 0,
+) -> Generator[int, None, int]:
+    """The indexes of the lines of `joined` that hold one of parse.py's literals (only those
+    can hold numbers), ascending, from byte `start` on; after each, the search resumes `gap()`
+    bytes past its end. Returns where it would resume. One search for all the literals,
+    stopping at the first hit (a bytes.find per literal would scan the whole batch for each
+    one the log never prints); `line_at` (a native batch's) saves counting newlines."""
+    resume = start
+    index, counted_to = 0, 0  # the line number of byte `counted_to`
+    while (hit := LITERAL_SEARCH.search(joined, resume)) is not None:
+        at = hit.start()
+        if line_at is not None:
+            index = line_at(at)
+        else:
+            index += joined.count(b"\n", counted_to, at)
+            counted_to = at
+        yield index
+        end = joined.find(b"\n", at)
+        resume = (end if end >= 0 else len(joined)) + 1 + gap()
+    return resume
 
 
 Batch = TypeVar("Batch")
